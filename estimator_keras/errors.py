@@ -1,0 +1,57 @@
+"""The package's exception types.
+
+Every error the library raises on purpose derives from :class:`EstimatorKerasError`
+and carries a message meant for a person: it names the file, flag or key at fault
+and says what was expected. The command-line layer (``experiments``) maps them to
+exit codes: :class:`UsageError` -> 2, everything else -> 1.
+"""
+
+
+class EstimatorKerasError(Exception):
+    """Base class of every error this package raises deliberately."""
+
+
+class UsageError(EstimatorKerasError):
+    """The caller asked for something malformed (a flag, an hparam, a name)."""
+
+
+class ConfigError(UsageError):
+    """A configuration value (hparam, flag, TF_CONFIG, spec) is invalid."""
+
+
+class ClusterConfigError(ConfigError):
+    """TF_CONFIG or a cluster description is invalid."""
+
+
+class DataError(EstimatorKerasError):
+    """Input data is missing, incomplete or unreadable."""
+
+
+class SchemaError(DataError):
+    """Records do not match the schema or the model's inputs."""
+
+
+class CorruptRecordError(DataError):
+    """A TFRecord file is corrupt or truncated.
+
+    Attributes:
+      path: the file at fault.
+      offset: byte offset where reading broke, or None when unknown.
+    """
+
+    def __init__(self, message, path=None, offset=None):
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class ModelDirError(EstimatorKerasError):
+    """A model directory is unusable: wrong architecture, locked, unwritable."""
+
+
+class NumericalError(EstimatorKerasError):
+    """Training produced a NaN or infinite loss."""
+
+
+class CloudError(EstimatorKerasError):
+    """A cloud submission could not be prepared or sent."""

@@ -1,0 +1,1 @@
+"""Named experiments and the ``python -m experiments`` runner."""

@@ -1,0 +1,25 @@
+"""Fashion-MNIST experiments: the seed answer's CNN and the seed question's MLP."""
+
+from experiments import models
+from experiments.registry import DataConfig, Experiment, ExperimentConfig, TrainConfig, register
+
+CNN = register(Experiment(
+    config=ExperimentConfig(
+        name="fashion_mnist_cnn",
+        description="Seed CNN (Conv32-Conv64-Pool-Dense128) on real Fashion-MNIST; "
+                    "the default experiment",
+        data=DataConfig(dataset="fashion_mnist"),
+        train=TrainConfig(batch_size=128, max_steps=6000, eval_every_steps=2000,
+                          learning_rate=1e-3),
+        model={"filters": 32, "dense_units": 128, "conv_dropout": 0.25, "dropout": 0.5}),
+    build_model=models.seed_cnn))
+
+MLP = register(Experiment(
+    config=ExperimentConfig(
+        name="fashion_mnist_mlp",
+        description="Seed question's MLP (Dense128-Dense128) on real Fashion-MNIST",
+        data=DataConfig(dataset="fashion_mnist"),
+        train=TrainConfig(batch_size=128, max_steps=6000, eval_every_steps=2000,
+                          learning_rate=1e-3),
+        model={"units": 128}),
+    build_model=models.seed_mlp))

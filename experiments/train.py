@@ -1,0 +1,279 @@
+"""Train, evaluate and export a registered experiment (importable logic of
+the ``train``, ``evaluate`` and ``export`` commands).
+
+Example::
+
+    from experiments import registry, train
+    exp = registry.get("fashion_mnist_cnn")
+    result = train.train(exp, exp.config, model_dir="runs/fm", data_dir="data")
+    print(result.metrics, result.export_dir)
+"""
+
+import dataclasses
+import logging
+import os
+import posixpath
+import shutil
+import sys
+import time
+
+from estimator_keras import cluster as cluster_lib
+from estimator_keras import estimator as est_lib
+from estimator_keras import export as export_lib
+from estimator_keras import inputs, records
+from estimator_keras.errors import DataError
+from estimator_keras.modeldir import ModelDirLock
+from experiments import datasets
+
+logger = logging.getLogger(__name__)
+
+DATA_WAIT_SECS = 600
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a ``train`` run produced.
+
+    Attributes:
+      metrics: final eval metrics (None on tasks that do not evaluate).
+      export_dir: where the Keras exports are (None on non-chief tasks).
+      global_step: the step the run ended at.
+      task: the task name ("chief-0" when local).
+      seconds: wall time.
+    """
+
+    metrics: dict
+    export_dir: str
+    global_step: int
+    task: str
+    seconds: float
+
+
+def say(message):
+    """Progress for people, on stderr (stdout carries the results)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def compiled_model(experiment, config):
+    model = experiment.build_model(config.model)
+    model.compile(optimizer=est_lib.legacy_optimizer(config.train.optimizer,
+                                                     config.train.learning_rate),
+                  loss=config.loss, metrics=experiment.metrics())
+    return model
+
+
+def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1):
+    """The dataset directory, prepared first if missing (by the chief only;
+    other tasks wait for its manifest)."""
+    name = config.data.dataset
+    if datasets.is_prepared(data_dir, name):
+        return datasets.dataset_dir(data_dir, name)
+    if is_chief:
+        say(f"dataset {name} is not in {data_dir}: preparing it first")
+        return datasets.prepare(name, data_dir, source_dir=source_dir,
+                                num_workers=num_workers)
+    deadline = time.monotonic() + DATA_WAIT_SECS
+    while time.monotonic() < deadline:
+        if datasets.is_prepared(data_dir, name):
+            return datasets.dataset_dir(data_dir, name)
+        time.sleep(2)
+    raise DataError(f"dataset {name} did not appear in {data_dir} within "
+                    f"{DATA_WAIT_SECS} s; the chief prepares it, or run "
+                    f"`python -m experiments prepare {name} --data-dir {data_dir}` first.")
+
+
+def input_fns(config, dataset_path, info=None, skip_corrupt=False):
+    """Train and eval input_fns over the experiment's dataset."""
+    data = config.data
+    input_config = inputs.InputConfig(
+        features=data.features, label=data.label, shuffle=data.shuffle,
+        shuffle_buffer=data.shuffle_buffer, cache=data.cache,
+        skip_corrupt=skip_corrupt, seed=None)
+    shard = None
+    if info is not None and info.has_ps and not info.is_evaluator:
+        # Parameter-server workers get no InputContext: split the files
+        # between chief and workers from TF_CONFIG instead.
+        order = info.cluster.get("chief", []) + info.cluster.get("worker", [])
+        shard = (len(order), order.index(info.task_address))
+    train_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=True,
+                                    split=data.train_split, config=input_config, shard=shard)
+    eval_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=False,
+                                   split=data.eval_split, config=input_config)
+    return train_fn, eval_fn
+
+
+def check_inputs(model, config, dataset_path):
+    """Fails before training when records do not fit the model's inputs,
+    with expected and found side by side."""
+    from estimator_keras.errors import SchemaError  # pylint: disable=import-outside-toplevel
+
+    schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
+    mapping = inputs.feature_map(schema, config.data.features, config.data.label)
+    est_lib.check_feature_keys(model, mapping)
+    for input_name, tensor in zip(model.input_names, model.inputs):
+        spec = schema[mapping[input_name]]
+        expected = tuple(tensor.shape[1:])
+        if spec.encoding in ("bytes",) or tuple(spec.shape) != expected:
+            raise SchemaError(
+                f"record feature {mapping[input_name]!r} does not fit model input "
+                f"{input_name!r}: the model expects shape {list(expected)} "
+                f"(numeric), the records hold {spec.dtype} shape {list(spec.shape)} "
+                f"({spec.encoding}) in {dataset_path}.")
+    return schema, mapping
+
+
+def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
+          skip_corrupt=False, prepare_workers=1):
+    """Runs the experiment: prepare data if missing, train_and_evaluate,
+    export (chief only). Works locally and as any task of a TF_CONFIG cluster."""
+    start = time.monotonic()
+    info = cluster_lib.parse_tf_config()
+    # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
+    strategy_name = cluster_lib.choose_strategy(
+        strategy, info, cluster_lib.local_gpu_count() if strategy in ("auto", "mirrored") else 0)
+    distribute = cluster_lib.make_train_distribute(strategy_name, cluster_info=info)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    replicas = cluster_lib.num_replicas(distribute)
+    if strategy_name == "parameter_server":
+        replicas = info.num_workers
+    say(f"[{info.task_name}] experiment {config.name}: strategy {strategy_name}, batch "
+        f"size {config.train.batch_size} per replica, {config.train.batch_size * replicas} "
+        f"global ({replicas} replica(s))")
+
+    dataset_path = ensure_data(config, data_dir, source_dir, is_chief=info.is_chief,
+                               num_workers=prepare_workers)
+    tf.keras.utils.set_random_seed(config.train.seed)
+    model = compiled_model(experiment, config)
+    check_inputs(model, config, dataset_path)
+    train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt)
+    if skip_corrupt and info.is_chief:
+        _report_corrupt(train_fn.files)
+
+    lock = ModelDirLock(model_dir) if info.is_chief else None
+    if lock:
+        lock.acquire()
+    try:
+        export_lib.recover_export(posixpath.join(str(model_dir), export_lib.EXPORT_DIR))
+        latest = tf.train.latest_checkpoint(str(model_dir))
+        if latest:
+            export_lib.check_compatible(experiment.build_model(config.model), latest)
+            say(f"[{info.task_name}] resuming from {latest}")
+        estimator = est_lib.to_estimator(model, config=est_lib.run_config(
+            model_dir, save_checkpoints_steps=config.train.eval_every_steps,
+            keep_checkpoint_max=config.train.keep_checkpoint_max,
+            log_every_steps=config.train.log_every_steps, train_distribute=distribute,
+            seed=config.train.seed))
+        early = None
+        if config.train.early_stopping_steps:
+            early = est_lib.EarlyStopping(config.best_metric,
+                                          config.train.early_stopping_steps,
+                                          config.higher_is_better)
+        try:
+            metrics = est_lib.train_and_evaluate(
+                estimator, train_fn, eval_fn, max_steps=config.train.max_steps,
+                eval_every_steps=config.train.eval_every_steps,
+                batch_size=config.train.batch_size, replicas=replicas,
+                log_every_steps=config.train.log_every_steps, early_stopping=early,
+                log=lambda m: say(f"[{info.task_name}] {m}"))
+        except tf.errors.DataLossError as e:
+            raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e
+        export_dir = None
+        if info.is_chief:
+            if metrics is None:
+                # In a cluster only the evaluator evaluates; the chief's
+                # summary needs the final numbers too.
+                metrics = _plain(estimator.evaluate(eval_fn))
+            export_dir = export_lib.export_model(
+                lambda: experiment.build_model(config.model), model_dir,
+                schema=train_fn.files.schema, features=config.data.features,
+                metadata={"experiment": config.name, "metrics": metrics,
+                          "dataset": dataset_path})
+        elif info.task_type == "worker" and strategy_name == "multi_worker_mirrored":
+            _remove_scratch(model_dir, info)
+        step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
+        return TrainResult(metrics, export_dir, step, info.task_name,
+                           time.monotonic() - start)
+    finally:
+        if lock:
+            lock.release()
+
+
+def _plain(metrics):
+    return {k: (float(v) if hasattr(v, "__float__") else v) for k, v in metrics.items()}
+
+
+def _remove_scratch(model_dir, info):
+    # Non-chief MultiWorkerMirrored workers checkpoint into a scratch dir the
+    # chief never reads.
+    scratch = posixpath.join(str(model_dir), f"tmp_worker_{info.task_index}")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    if tf.io.gfile.exists(scratch):
+        tf.io.gfile.rmtree(scratch)
+
+
+def _name_corrupt_files(error, *file_sets):
+    """TensorFlow's DataLossError names a byte offset but not the file: find
+    the damaged file(s) so the message can name them."""
+    from estimator_keras.errors import CorruptRecordError  # pylint: disable=import-outside-toplevel
+
+    broken = []
+    for files in file_sets:
+        for path in files.files:
+            check = records.check_file(path, files.compression)
+            if not check.ok:
+                broken.append(check)
+    if not broken:
+        return CorruptRecordError(f"reading the records failed: {error.message}")
+    first = broken[0]
+    where = ", ".join(
+        f"{c.path} (after {c.num_records} good records"
+        + (f", at byte {c.offset}" if c.offset is not None else "") + f": {c.error})"
+        for c in broken)
+    return CorruptRecordError(
+        f"training stopped on corrupt data: {where}. Rewrite the dataset "
+        f"(`python -m experiments prepare ... --force`), or rerun with --skip-corrupt "
+        f"to train on the readable records.", path=first.path, offset=first.offset)
+
+
+def _report_corrupt(files):
+    """With --skip-corrupt: name the damaged files up front, and how many
+    records they lose, since the pipeline then drops bad records silently."""
+    for path in files.files:
+        check = records.check_file(path, files.compression)
+        if not check.ok:
+            where = f" at byte {check.offset}" if check.offset is not None else ""
+            say(f"warning: {path} is corrupt{where} ({check.error}); --skip-corrupt: "
+                f"training on its {check.num_records} good records before the damage "
+                f"and skipping the rest of that file")
+
+
+def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None):
+    """Evaluates the latest checkpoint of ``model_dir`` on the eval split."""
+    dataset_path = ensure_data(config, data_dir, source_dir)
+    model = compiled_model(experiment, config)
+    checkpoint = export_lib.latest_checkpoint(model_dir)
+    export_lib.check_compatible(experiment.build_model(config.model), checkpoint)
+    _, eval_fn = input_fns(config, dataset_path)
+    estimator = est_lib.to_estimator(model, config=est_lib.run_config(model_dir))
+    return _plain(estimator.evaluate(eval_fn, checkpoint_path=checkpoint))
+
+
+def export(experiment, config, *, model_dir, data_dir=None, export_dir=None):
+    """Exports the latest checkpoint of ``model_dir`` (model.h5, weights.h5,
+    saved_model/)."""
+    schema = None
+    if data_dir and datasets.is_prepared(data_dir, config.data.dataset):
+        schema = records.load_manifest(
+            datasets.dataset_dir(data_dir, config.data.dataset)).schema
+    return export_lib.export_model(
+        lambda: experiment.build_model(config.model), model_dir, schema=schema,
+        features=config.data.features, export_dir=export_dir,
+        metadata={"experiment": config.name})
+
+
+def clean_model_dir(model_dir):
+    """Removes a local model dir (used by ``train --fresh``)."""
+    if os.path.isdir(model_dir):
+        shutil.rmtree(model_dir)

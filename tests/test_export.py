@@ -1,0 +1,223 @@
+"""Estimator training and Keras-loadable exports, in process (small data).
+
+The fresh-process checks run Python without this package on the path, so
+they prove a plain Keras user can load the files.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tensorflow as tf
+
+from estimator_keras import estimator as est_lib
+from estimator_keras import export as export_lib
+from estimator_keras import inputs, records
+from estimator_keras.errors import ModelDirError, SchemaError
+
+pytestmark = pytest.mark.slow
+
+
+def _image_data(n=512, seed=0):
+    """A learnable 10-class problem: class k brightens row band k."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, n)
+    images = rng.integers(0, 60, (n, 28, 28, 1)).astype(np.uint8)
+    for i, k in enumerate(labels):
+        images[i, 2 * k + 4:2 * k + 7, :, 0] += 180
+    return {"image": images, "label": labels.astype(np.int64)}
+
+
+def _build():
+    layers = tf.keras.layers
+    x_in = tf.keras.Input((28, 28, 1), name="image")
+    x = layers.Rescaling(1 / 255.0)(x_in)
+    x = layers.Conv2D(4, 3, activation="relu")(x)
+    x = layers.MaxPooling2D(2)(x)
+    x = layers.Flatten()(x)
+    out = layers.Dense(10, activation="softmax", name="probabilities")(x)
+    return tf.keras.Model(x_in, out)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    data_dir = str(root / "data")
+    arrays = _image_data()
+    test = _image_data(128, seed=1)
+    records.write_dataset({"train": arrays, "test": test}, data_dir,
+                          num_shards={"train": 2, "test": 1}, progress=False)
+    tf.keras.utils.set_random_seed(1)
+    model = _build()
+    model.compile(est_lib.legacy_optimizer("adam", 3e-3),
+                  "sparse_categorical_crossentropy", ["accuracy"])
+    model_dir = str(root / "model")
+    est = est_lib.to_estimator(model, model_dir, save_checkpoints_steps=60)
+    train_fn = inputs.make_input_fn(data_dir, 32, training=True)
+    eval_fn = inputs.make_input_fn(data_dir, 32, training=False)
+    metrics = est_lib.train_and_evaluate(est, train_fn, eval_fn, max_steps=120,
+                                         log_every_steps=1000)
+    export_dir = export_lib.export_model(_build, model_dir, schema=train_fn.files.schema,
+                                         features={"image": "image"})
+    preds = np.stack([p["probabilities"] for p in est.predict(eval_fn)])
+    # The writer shuffles before sharding: compare in record order.
+    in_order = inputs.make_dataset(data_dir, 64, training=False, split="test")
+    test = {"image": np.concatenate([f["image"].numpy() for f, _ in in_order]).astype(np.uint8)}
+    return {"root": root, "data_dir": data_dir, "model_dir": model_dir,
+            "export_dir": export_dir, "metrics": metrics, "preds": preds,
+            "test": test, "estimator": est}
+
+
+def _fresh_python(code, cwd):
+    """Runs code in a new interpreter that cannot import estimator_keras."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_training_beats_chance(trained):
+    assert trained["metrics"]["accuracy"] > 0.5
+    assert trained["metrics"]["global_step"] == 120
+
+
+def test_h5_model_reproduces_estimator_predictions_in_fresh_process(trained):
+    images = trained["test"]["image"]
+    np.save(trained["root"] / "x.npy", images)
+    out = _fresh_python(f"""
+        import sys, numpy as np, tensorflow as tf
+        try:
+            import estimator_keras
+            sys.exit("estimator_keras must not be importable here")
+        except ImportError:
+            pass
+        m = tf.keras.models.load_model({os.path.join(trained['export_dir'], 'model.h5')!r},
+                                       compile=False)
+        p = m.predict(np.load({str(trained['root'] / 'x.npy')!r}).astype('float32'), verbose=0)
+        np.save({str(trained['root'] / 'p.npy')!r}, p)
+        print("ok")
+    """, cwd=str(trained["root"]))
+    assert "ok" in out
+    fresh = np.load(trained["root"] / "p.npy")
+    np.testing.assert_array_equal(fresh, trained["preds"])
+
+
+def test_weights_h5_loads_into_independently_built_model(trained):
+    model = _build()
+    model.load_weights(os.path.join(trained["export_dir"], "weights.h5"))
+    preds = model.predict(trained["test"]["image"].astype("float32"), verbose=0)
+    np.testing.assert_array_equal(preds, trained["preds"])
+
+
+def test_exported_weights_equal_latest_checkpoint(trained):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(trained["model_dir"]))
+    model = tf.keras.models.load_model(os.path.join(trained["export_dir"], "model.h5"),
+                                       compile=False)
+    compared = 0
+    for i, layer in enumerate(l for l in model.layers if l.weights):
+        for weight, name in zip(layer.weights, ("kernel", "bias")):
+            key = f"layer_with_weights-{i}/{name}/.ATTRIBUTES/VARIABLE_VALUE"
+            np.testing.assert_array_equal(weight.numpy(), reader.get_tensor(key))
+            compared += 1
+    assert compared == 4
+    info = json.load(open(os.path.join(trained["export_dir"], "export.json")))
+    assert info["global_step"] == 120
+
+
+def test_saved_model_signatures_agree(trained):
+    loaded = tf.saved_model.load(os.path.join(trained["export_dir"], "saved_model"))
+    assert set(loaded.signatures) == {"serving_default", "serve_examples"}
+    images = trained["test"]["image"]
+    raw = loaded.signatures["serving_default"](image=tf.constant(images, tf.float32))
+    schema = records.load_manifest(trained["data_dir"]).schema
+    from estimator_keras.schema import encode_example
+    serialized = [encode_example(schema, {"image": img, "label": 0}) for img in images]
+    parsed = loaded.signatures["serve_examples"](examples=tf.constant(serialized))
+    np.testing.assert_allclose(raw["probabilities"].numpy(), trained["preds"], atol=1e-6)
+    np.testing.assert_allclose(parsed["probabilities"].numpy(), trained["preds"], atol=1e-6)
+
+
+def test_export_is_atomic_and_replaces_previous(trained, tmp_path):
+    target = str(tmp_path / "export")
+    export_lib.export_model(_build, trained["model_dir"], export_dir=target)
+    first = open(os.path.join(target, "weights.h5"), "rb").read()
+
+    class Boom(Exception):
+        pass
+
+    def broken_builder():
+        model = _build()
+        original = model.save_weights
+
+        def fail(*args, **kwargs):
+            original(*args, **kwargs)
+            raise Boom()
+        model.save_weights = fail
+        return model
+
+    with pytest.raises(Boom):
+        export_lib.export_model(broken_builder, trained["model_dir"], export_dir=target)
+    assert open(os.path.join(target, "weights.h5"), "rb").read() == first
+    leftovers = [n for n in os.listdir(tmp_path) if n != "export"]
+    assert leftovers == [], leftovers
+
+
+def test_checkpoint_of_other_architecture_is_refused(trained):
+    def other():
+        x_in = tf.keras.Input((28, 28, 1), name="image")
+        x = tf.keras.layers.Flatten()(x_in)
+        return tf.keras.Model(x_in, tf.keras.layers.Dense(10)(x))
+
+    with pytest.raises(ModelDirError, match="does not fit this model"):
+        export_lib.load_checkpoint_into(other(), tf.train.latest_checkpoint(trained["model_dir"]))
+
+
+def test_new_optimizer_is_replaced_by_legacy_explicitly(tmp_path, caplog):
+    model = _build()
+    model.compile(tf.keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+    with caplog.at_level("INFO"):
+        est = est_lib.to_estimator(model, str(tmp_path))
+    assert isinstance(model.optimizer, tf.keras.optimizers.legacy.Adam)
+    assert abs(float(model.optimizer.learning_rate) - 0.01) < 1e-9
+    assert "legacy Adam" in caplog.text
+    assert est.model_dir == str(tmp_path)
+
+
+def test_feature_keys_must_match_model_inputs():
+    with pytest.raises(SchemaError, match=r"expected \['image'\].*missing \['image'\]"):
+        est_lib.check_feature_keys(_build(), ["pixels"])
+
+
+def test_two_input_model_trains_from_mapped_features(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 400
+    a = rng.normal(size=(n, 4)).astype(np.float32)
+    b = rng.normal(size=(n, 3)).astype(np.float32)
+    label = ((a[:, 0] + b[:, 1]) > 0).astype(np.int64)
+    records.write_dataset({"train": {"left": a, "right": b, "label": label},
+                           "test": {"left": a[:100], "right": b[:100], "label": label[:100]}},
+                          str(tmp_path / "data"), num_shards={"train": 2, "test": 1},
+                          progress=False)
+    in_a = tf.keras.Input((4,), name="input_a")
+    in_b = tf.keras.Input((3,), name="input_b")
+    x = tf.keras.layers.Concatenate()([in_a, in_b])
+    out = tf.keras.layers.Dense(2, activation="softmax")(x)
+    model = tf.keras.Model([in_a, in_b], out)
+    model.compile(est_lib.legacy_optimizer("adam", 0.05), "sparse_categorical_crossentropy",
+                  ["accuracy"])
+    mapping = {"input_a": "left", "input_b": "right"}
+    est = est_lib.to_estimator(model, str(tmp_path / "model"), save_checkpoints_steps=100)
+    train_fn = inputs.make_input_fn(str(tmp_path / "data"), 32, training=True,
+                                    features=mapping)
+    eval_fn = inputs.make_input_fn(str(tmp_path / "data"), 32, training=False,
+                                   features=mapping)
+    metrics = est_lib.train_and_evaluate(est, train_fn, eval_fn, max_steps=100,
+                                         log_every_steps=1000)
+    assert metrics["accuracy"] > 0.85
