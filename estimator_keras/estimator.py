@@ -162,7 +162,8 @@ class ProgressHook:
                 self._step_tensor = tf.compat.v1.train.get_global_step()
                 losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)
                 self._loss = losses[-1] if losses else None
-                self._last = None
+                self._last = self._first = self._end = None
+                self._loss_value = None
 
             def before_run(self, run_context):
                 fetches = {"step": self._step_tensor}
@@ -173,20 +174,33 @@ class ProgressHook:
             def after_run(self, run_context, run_values):
                 step = int(run_values.results["step"])
                 now = time.monotonic()
+                self._loss_value = run_values.results.get("loss")
                 if self._last is None:
-                    self._last = (step, now)
+                    # The first step includes graph start-up: rates start after it.
+                    self._last = self._first = (step, now)
                     return
-                last_step, last_time = self._last
-                if step - last_step >= every_steps:
-                    rate = (step - last_step) / max(now - last_time, 1e-9)
-                    parts = [f"step {step}"]
-                    if "loss" in run_values.results:
-                        parts.append(f"loss {float(run_values.results['loss']):.4f}")
-                    parts.append(f"{rate:.1f} steps/s")
-                    if batch_size:
-                        parts.append(f"{rate * batch_size * replicas:,.0f} examples/s")
-                    (log or logger.info)(", ".join(parts))
-                    self._last = (step, now)
+                self._end = (step, now)
+                if step - self._last[0] >= every_steps:
+                    self._report(f"step {step}", self._last, self._end)
+                    self._last = self._end
+
+            def end(self, session):
+                if self._last is not None and getattr(self, "_end", None):
+                    self._report(f"trained to step {self._end[0]} (average)",
+                                 self._first, self._end)
+
+            def _report(self, head, since, until):
+                steps, secs = until[0] - since[0], max(until[1] - since[1], 1e-9)
+                if steps <= 0:
+                    return
+                rate = steps / secs
+                parts = [head]
+                if self._loss_value is not None:
+                    parts.append(f"loss {float(self._loss_value):.4f}")
+                parts.append(f"{rate:.1f} steps/s")
+                if batch_size:
+                    parts.append(f"{rate * batch_size * replicas:,.0f} examples/s")
+                (log or logger.info)(", ".join(parts))
 
         return _Hook()
 

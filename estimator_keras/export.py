@@ -179,6 +179,8 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     # Build next to the destination when local (one rename swaps it in),
     # else locally and copy: h5py cannot write to gs://.
     stage_root = parent if not _is_remote(export_dir) else None
+    if stage_root:
+        _remove_stale_staging(stage_root)
     staging = tempfile.mkdtemp(prefix=".export-tmp-", dir=stage_root)
     try:
         model.save(os.path.join(staging, "model.h5"), save_format="h5",
@@ -204,6 +206,13 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
             shutil.rmtree(staging, ignore_errors=True)
     logger.info("exported step %s of %s to %s", step, checkpoint, export_dir)
     return export_dir
+
+
+def _remove_stale_staging(parent):
+    """Staging dirs of exports that were killed midway; never a complete export."""
+    for name in os.listdir(parent):
+        if name.startswith(".export-tmp-"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def _copy_tree(src, dst):

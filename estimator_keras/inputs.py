@@ -213,8 +213,14 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         dataset = dataset.repeat(num_epochs)
 
     def read(path):
-        return tf.data.TFRecordDataset(path, resolved.compression or "",
-                                       buffer_size=1 << 20)
+        records_in_file = tf.data.TFRecordDataset(path, resolved.compression or "",
+                                                  buffer_size=1 << 20)
+        if shard_records:
+            # Sharding each file by record position keeps the pipelines'
+            # shares disjoint whatever order each one reads the files in
+            # (file shuffling with seed=None differs between pipelines).
+            records_in_file = records_in_file.shard(num_shards, index)
+        return records_in_file
 
     if training:
         parallel = {"num_parallel_calls": tf.data.AUTOTUNE,
@@ -225,8 +231,6 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         # Evaluation reads files in order so that predictions line up with
         # the records.
         dataset = dataset.flat_map(read)
-    if shard_records:
-        dataset = dataset.shard(num_shards, index)
     if config.skip_corrupt:
         dataset = dataset.apply(tf.data.experimental.ignore_errors(log_warning=True))
     if training and config.shuffle == "record":

@@ -40,8 +40,9 @@ FORMAT = "estimator-keras/dataset/v1"
 INCOMPLETE_DIR = ".incomplete"
 _SHARD_RE = re.compile(r"^(?P<split>[A-Za-z0-9_.]+)-(?P<index>\d{5})-of-(?P<total>\d{5})"
                        r"\.tfrecord(?P<gz>\.gz)?$")
-_OFFSET_RE = re.compile(r"record at (\d+)")
 _CHUNK = 1024
+# Each TFRecord is framed by a length, its CRC and the data's CRC.
+_FRAMING_BYTES = 8 + 4 + 4
 
 
 def _gfile():
@@ -195,11 +196,12 @@ def load_manifest(directory):
 
 def _missing_manifest_message(directory):
     shards = _shard_files_in(directory)
-    if shards:
+    # A writer killed before its first shard was whole leaves only staging.
+    if shards or _gfile().exists(_join(directory, INCOMPLETE_DIR)):
         return (f"{directory} holds {len(shards)} shard file(s) but no "
-                f"{MANIFEST_NAME}: the dataset was not completely written "
-                f"(an interrupted prepare?). Rerun `python -m experiments prepare` "
-                f"to rewrite it.")
+                f"{MANIFEST_NAME}: the dataset is incomplete, it was not completely "
+                f"written (an interrupted prepare?). Rerun `python -m experiments "
+                f"prepare` to rewrite it.")
     return (f"{directory} is not a dataset: it has no {MANIFEST_NAME}. Expected "
             f"a directory written by `python -m experiments prepare` or "
             f"`write_records`, or a glob of TFRecord files.")
@@ -571,8 +573,8 @@ class FileCheck:
       path: the file.
       num_records: records read before the end or the first error.
       error: None when the file is whole, else what broke.
-      offset: byte offset of the broken record (in the uncompressed stream
-        for GZIP files), when TensorFlow reports it.
+      offset: byte offset where the broken record starts (in the
+        uncompressed stream for GZIP files); None when the file is whole.
     """
 
     path: str
@@ -592,18 +594,39 @@ def check_file(path, compression=None):
 
     if compression is None:
         compression = compression_of(path)
-    dataset = tf.data.TFRecordDataset(path, compression or "")
-    count = 0
+    lengths = tf.data.TFRecordDataset(path, compression or "").map(tf.strings.length)
+    count = consumed = 0
     try:
-        for lengths in dataset.map(tf.strings.length).batch(4096):
-            count += int(lengths.shape[0])
+        for batch in lengths.batch(4096):
+            count += int(batch.shape[0])
+            consumed += int(tf.reduce_sum(batch)) + _FRAMING_BYTES * int(batch.shape[0])
     except (tf.errors.DataLossError, tf.errors.OutOfRangeError,
             tf.errors.InvalidArgumentError) as e:
         message = _short_tf_error(e)
-        match = _OFFSET_RE.search(message)
-        return FileCheck(path, count, message, int(match.group(1)) if match else None)
+        # The failed batch hides how many of its records were good: recount
+        # them one by one (only broken files pay for this).
+        count = consumed = 0
+        try:
+            for length in lengths:
+                count += 1
+                consumed += int(length) + _FRAMING_BYTES
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                tf.errors.InvalidArgumentError):
+            pass
+        # TensorFlow's own offset points at the record's length or its data,
+        # depending on what failed, and is missing for GZIP errors: report
+        # where the broken record starts instead.
+        return FileCheck(path, count, message, consumed)
     except tf.errors.NotFoundError as e:
         return FileCheck(path, 0, f"file not found: {_short_tf_error(e)}")
+    if not compression:
+        # TensorFlow's reader takes a partial last record for the end of the
+        # file, so a truncated file would otherwise pass as whole.
+        size = _gfile().stat(path).length
+        if size != consumed:
+            return FileCheck(path, count, f"truncated record at {consumed}: the file "
+                             f"is {size} bytes but its {count} whole records end at "
+                             f"byte {consumed}", consumed)
     return FileCheck(path, count)
 
 

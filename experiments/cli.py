@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import traceback
+import warnings
 
 from estimator_keras.errors import EstimatorKerasError, UsageError
 
@@ -61,6 +62,8 @@ def build_parser():
                    help="processes writing shards in parallel")
     p.add_argument("--compression", choices=["none", "gzip"], default="none")
     p.add_argument("--force", action="store_true", help="rewrite a complete dataset")
+    p.add_argument("--max-examples", type=int, metavar="N",
+                   help="keep only the first N examples of each split (quick runs)")
 
     p = sub.add_parser("inspect", help="show a dataset's schema and counts; --verify "
                                        "checks every record")
@@ -133,7 +136,7 @@ def cmd_prepare(args):
     out = datasets.prepare(args.dataset, _data_dir(args), source_dir=args.source_dir,
                            shards=args.shards, num_workers=args.num_workers,
                            compression=None if args.compression == "none" else "GZIP",
-                           force=args.force)
+                           force=args.force, max_examples=args.max_examples)
     from estimator_keras import records  # pylint: disable=import-outside-toplevel
     manifest = records.load_manifest(out)
     counts = ", ".join(f"{s} {v.num_examples}" for s, v in manifest.splits.items())
@@ -200,6 +203,10 @@ COMMANDS = {"list": cmd_list, "prepare": cmd_prepare, "inspect": cmd_inspect,
 def _setup_logging(verbose):
     if not verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # Keras 2.15 warns about its own legacy paths (HDF5, set_learning_phase)
+        # that the Estimator path uses on purpose.
+        warnings.filterwarnings("ignore", category=UserWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(message)s" if not verbose
                         else "%(levelname)s %(name)s: %(message)s")

@@ -52,6 +52,21 @@ DATASETS = {
 }
 
 
+class Head:
+    """The first ``n`` examples of a source (``prepare --max-examples``), for
+    quick experiments and tests on a slice of a real dataset."""
+
+    def __init__(self, source, n):
+        self.source, self.n = source, min(int(n), len(source))
+        self.features = source.features
+
+    def __len__(self):
+        return self.n
+
+    def read(self, indices):
+        return self.source.read(indices)
+
+
 def dataset_dir(data_dir, name):
     return posixpath.join(str(data_dir), name)
 
@@ -62,8 +77,10 @@ def is_prepared(data_dir, name):
 
 
 def prepare(name, data_dir, *, source_dir=None, shards=None, num_workers=1,
-            compression=None, force=False, progress=True):
+            compression=None, force=False, progress=True, max_examples=None):
     """Writes dataset ``name`` to ``DATA_DIR/name`` unless already complete.
+
+    ``max_examples`` keeps only the first N examples of each split.
 
     Returns the dataset directory.
     """
@@ -78,11 +95,20 @@ def prepare(name, data_dir, *, source_dir=None, shards=None, num_workers=1,
         raise DataError(f"--source-dir {source_dir} is not a directory.")
     download_dir = os.path.join(str(data_dir), "_downloads", name)
     splits = DATASETS[name][1](source_dir, download_dir)
+    if max_examples:
+        if int(max_examples) < 1:
+            raise UsageError(f"--max-examples must be a positive integer; given {max_examples}.")
+        splits = {split: Head(source, max_examples) for split, source in splits.items()}
     num_shards = dict(DEFAULT_SHARDS)
     if shards:
+        if int(shards) < 1:
+            raise UsageError(f"--shards must be a positive integer; given {shards}.")
         num_shards["train"] = int(shards)
         num_shards["test"] = max(1, int(shards) // 4)
+    num_shards = {split: min(count, max(1, len(splits[split])))
+                  for split, count in num_shards.items()}
     records.write_dataset(splits, out, num_shards=num_shards, compression=compression,
                           num_workers=num_workers, progress=progress, name=name,
-                          created={"source": source_dir or "default"})
+                          created={"source": source_dir or "default",
+                                   "max_examples": max_examples})
     return out

@@ -91,7 +91,7 @@ def input_fns(config, dataset_path, info=None, skip_corrupt=False):
         shuffle_buffer=data.shuffle_buffer, cache=data.cache,
         skip_corrupt=skip_corrupt, seed=None)
     shard = None
-    if info is not None and info.has_ps and not info.is_evaluator:
+    if info is not None and info.has_ps and info.task_type in cluster_lib.TRAINING_TYPES:
         # Parameter-server workers get no InputContext: split the files
         # between chief and workers from TF_CONFIG instead.
         order = info.cluster.get("chief", []) + info.cluster.get("worker", [])
@@ -137,10 +137,16 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
 
     replicas = cluster_lib.num_replicas(distribute)
     if strategy_name == "parameter_server":
-        replicas = info.num_workers
-    say(f"[{info.task_name}] experiment {config.name}: strategy {strategy_name}, batch "
-        f"size {config.train.batch_size} per replica, {config.train.batch_size * replicas} "
-        f"global ({replicas} replica(s))")
+        # Asynchronous updates: every worker step is one global step of one
+        # batch, so examples/s = global steps/s x batch size, with no replica
+        # factor (one would double-count).
+        say(f"[{info.task_name}] experiment {config.name}: strategy {strategy_name}, batch "
+            f"size {config.train.batch_size} per update, {info.num_workers} training "
+            f"task(s) updating asynchronously")
+    else:
+        say(f"[{info.task_name}] experiment {config.name}: strategy {strategy_name}, batch "
+            f"size {config.train.batch_size} per replica, {config.train.batch_size * replicas} "
+            f"global ({replicas} replica(s))")
 
     dataset_path = ensure_data(config, data_dir, source_dir, is_chief=info.is_chief,
                                num_workers=prepare_workers)
@@ -155,7 +161,10 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     if lock:
         lock.acquire()
     try:
-        export_lib.recover_export(posixpath.join(str(model_dir), export_lib.EXPORT_DIR))
+        if info.is_chief:
+            # Exports are the chief's alone; other tasks may start before the
+            # chief has created the model dir.
+            export_lib.recover_export(posixpath.join(str(model_dir), export_lib.EXPORT_DIR))
         latest = tf.train.latest_checkpoint(str(model_dir))
         if latest:
             export_lib.check_compatible(experiment.build_model(config.model), latest)
@@ -165,6 +174,8 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
             keep_checkpoint_max=config.train.keep_checkpoint_max,
             log_every_steps=config.train.log_every_steps, train_distribute=distribute,
             seed=config.train.seed))
+        if info.is_evaluator:
+            _log_evaluations(estimator, lambda m: say(f"[{info.task_name}] {m}"))
         early = None
         if config.train.early_stopping_steps:
             early = est_lib.EarlyStopping(config.best_metric,
@@ -179,6 +190,13 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
                 log=lambda m: say(f"[{info.task_name}] {m}"))
         except tf.errors.DataLossError as e:
             raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e
+        except tf.errors.InvalidArgumentError as e:
+            # Records that frame correctly but do not parse to the schema.
+            raise DataError(
+                f"training stopped: records in {dataset_path} do not match the "
+                f"dataset's schema ({_short(e)}). Check them with `python -m "
+                f"experiments inspect {dataset_path} --verify`, or rerun with "
+                f"--skip-corrupt to drop the batches that fail.") from e
         export_dir = None
         if info.is_chief:
             if metrics is None:
@@ -198,6 +216,26 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     finally:
         if lock:
             lock.release()
+
+
+def _short(error):
+    return records._short_tf_error(error)  # pylint: disable=protected-access
+
+
+def _log_evaluations(estimator, log):
+    # In a cluster train_and_evaluate returns nothing and TensorFlow's own
+    # "Saving dict" lines are silenced: without this the evaluator's log would
+    # not show a single number.
+    evaluate = estimator.evaluate
+
+    def logged(*args, **kwargs):
+        metrics = evaluate(*args, **kwargs)
+        shown = ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(metrics.items())
+                          if k != "global_step")
+        log(f"evaluated step {int(metrics.get('global_step', -1))}: {shown}")
+        return metrics
+
+    estimator.evaluate = logged
 
 
 def _plain(metrics):
@@ -225,7 +263,7 @@ def _name_corrupt_files(error, *file_sets):
             if not check.ok:
                 broken.append(check)
     if not broken:
-        return CorruptRecordError(f"reading the records failed: {error.message}")
+        return CorruptRecordError(f"reading the records failed: {_short(error)}")
     first = broken[0]
     where = ", ".join(
         f"{c.path} (after {c.num_records} good records"
