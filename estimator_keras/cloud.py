@@ -533,6 +533,16 @@ def expected_sdist_name(project_root: str) -> str:
                 if kw.arg in ("name", "version") and isinstance(kw.value, ast.Constant) \
                         and isinstance(kw.value.value, str):
                     found[kw.arg] = kw.value.value
+    if "version" not in found:
+        # setup.py may read the version from the package, as ours does.
+        try:
+            with open(os.path.join(project_root, "estimator_keras", "__init__.py"),
+                      encoding="utf-8") as f:
+                match = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
+            if match:
+                found["version"] = match.group(1)
+        except OSError:
+            pass
     if "name" not in found or "version" not in found:
         return "PACKAGE.tar.gz"
     # `setup.py sdist` runs with this interpreter's setuptools; from 69.3 on it

@@ -185,9 +185,10 @@ class ProgressHook:
                     self._last = self._end
 
             def end(self, session):
-                if self._last is not None and getattr(self, "_end", None):
-                    self._report(f"trained to step {self._end[0]} (average)",
-                                 self._first, self._end)
+                if self._last is not None and self._end is not None:
+                    # The step fetched in before_run predates the last update.
+                    final = (int(session.run(self._step_tensor)), self._end[1])
+                    self._report(f"trained to step {final[0]} (average)", self._first, final)
 
             def _report(self, head, since, until):
                 steps, secs = until[0] - since[0], max(until[1] - since[1], 1e-9)

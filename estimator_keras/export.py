@@ -182,6 +182,10 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     if stage_root:
         _remove_stale_staging(stage_root)
     staging = tempfile.mkdtemp(prefix=".export-tmp-", dir=stage_root)
+    # mkdtemp makes it owner-only; the export is for everyone the umask allows.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
     try:
         model.save(os.path.join(staging, "model.h5"), save_format="h5",
                    include_optimizer=False)

@@ -56,7 +56,8 @@ class InputConfig:
       cache: keep parsed batches in memory after the first epoch (datasets
         that fit in memory only).
       skip_corrupt: drop records that fail to read (CRC mismatch, truncation)
-        instead of failing.
+        instead of failing; a batch holding a record that reads but does not
+        parse to the schema is dropped whole (parsing is one op per batch).
       seed: seeds shuffling; None for a different order every run.
     """
 
@@ -186,7 +187,8 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
     if isinstance(data, records.RecordFiles):
         resolved = data
     else:
-        resolved = records.resolve(data, split or ("train" if training else "test"))
+        resolved = records.resolve(data, split or ("train" if training else "test"),
+                                   check_sizes=not config.skip_corrupt)
     mapping = feature_map(resolved.schema, config.features, config.label)
     files = list(resolved.files)
 
@@ -222,9 +224,11 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
             records_in_file = records_in_file.shard(num_shards, index)
         return records_in_file
 
+    # Order may vary only where the caller asked for a shuffle without a seed.
+    ordered = not training or config.shuffle == "none" or config.seed is not None
     if training:
         parallel = {"num_parallel_calls": tf.data.AUTOTUNE,
-                    "deterministic": config.seed is not None} if config.parallel_reads else {}
+                    "deterministic": ordered} if config.parallel_reads else {}
         dataset = dataset.interleave(read, cycle_length=config.cycle_length,
                                      block_length=config.block_length, **parallel)
     else:
@@ -242,7 +246,9 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
                                   reshuffle_each_iteration=True)
     dataset = dataset.map(parse_examples_fn(resolved.schema, mapping, config.label, config.scale),
                           num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=not training or config.seed is not None)
+                          deterministic=ordered)
+    if config.skip_corrupt:
+        dataset = dataset.apply(tf.data.experimental.ignore_errors(log_warning=True))
     if config.cache:
         dataset = dataset.cache()
         if training and config.shuffle == "batch":
@@ -264,11 +270,14 @@ def make_input_fn(data, batch_size, *, training, split=None, config=None,
         train_fn = make_input_fn("/data/fm", 128, training=True)
         eval_fn = make_input_fn("/data/fm", 128, training=False, split="test")
     """
+    input_config = dataclasses.replace(config or InputConfig(), **overrides)
     if isinstance(data, records.RecordFiles):
         resolved = data
     else:
-        resolved = records.resolve(data, split or ("train" if training else "test"))
-    input_config = dataclasses.replace(config or InputConfig(), **overrides)
+        # With skip_corrupt a truncated shard is read up to its damage
+        # instead of being refused for its size.
+        resolved = records.resolve(data, split or ("train" if training else "test"),
+                                   check_sizes=not input_config.skip_corrupt)
     feature_map(resolved.schema, input_config.features, input_config.label)
 
     # Estimator inspects the argument names and passes only those it knows.

@@ -515,7 +515,7 @@ def infer_schema(path, compression=None):
         first = next(iter(tf.data.TFRecordDataset(path, compression or "").take(1)), None)
     except tf.errors.OpError as e:
         raise CorruptRecordError(f"cannot read the first record of {path}: "
-                                 f"{_short_tf_error(e)}", path=path, offset=0) from e
+                                 f"{short_tf_error(e)}", path=path, offset=0) from e
     if first is None:
         raise DataError(f"{path} holds no records; cannot infer a schema from it.")
     try:
@@ -549,7 +549,7 @@ def infer_schema(path, compression=None):
             schema[name] = schema_lib.FeatureSpec(name, "float32", () if n == 1 else (n,), "float")
         else:
             schema[name] = schema_lib.FeatureSpec(name, "string", (), "bytes")
-    if "image_raw" not in schema or len(schema) == len(features):
+    if "image_raw" not in schema or schema["image_raw"].encoding != "raw":
         logger.info("%s has no manifest: inferred its schema from the first "
                     "record:\n%s", path, schema_lib.describe(schema))
     return schema
@@ -559,7 +559,8 @@ def infer_schema(path, compression=None):
 # Verification and inspection
 
 
-def _short_tf_error(error):
+def short_tf_error(error):
+    """TensorFlow's error message without its op and function-node clutter."""
     text = getattr(error, "message", str(error))
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
     return text.split(" [Op:")[0].strip()
@@ -602,7 +603,7 @@ def check_file(path, compression=None):
             consumed += int(tf.reduce_sum(batch)) + _FRAMING_BYTES * int(batch.shape[0])
     except (tf.errors.DataLossError, tf.errors.OutOfRangeError,
             tf.errors.InvalidArgumentError) as e:
-        message = _short_tf_error(e)
+        message = short_tf_error(e)
         # The failed batch hides how many of its records were good: recount
         # them one by one (only broken files pay for this).
         count = consumed = 0
@@ -618,7 +619,7 @@ def check_file(path, compression=None):
         # where the broken record starts instead.
         return FileCheck(path, count, message, consumed)
     except tf.errors.NotFoundError as e:
-        return FileCheck(path, 0, f"file not found: {_short_tf_error(e)}")
+        return FileCheck(path, 0, f"file not found: {short_tf_error(e)}")
     if not compression:
         # TensorFlow's reader takes a partial last record for the end of the
         # file, so a truncated file would otherwise pass as whole.

@@ -101,12 +101,21 @@ def _data_dir(args):
     return args.data_dir or os.environ.get("ESTIMATOR_KERAS_DATA_DIR") or "data"
 
 
+AIP_VARIABLES = ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
+
+
+def _dirs(args):
+    """(model dir, export dir or None for MODEL_DIR/export, tensorboard dir):
+    --model-dir, else Vertex AI's AIP_* variables, else runs/NAME."""
+    if not args.model_dir and any(os.environ.get(v) for v in AIP_VARIABLES):
+        from estimator_keras import cloud  # pylint: disable=import-outside-toplevel
+        found = cloud.resolve_vertex_environment(None)
+        return found["model_dir"], found["export_dir"], found["tensorboard_dir"]
+    return args.model_dir or os.path.join("runs", args.name), None, None
+
+
 def _model_dir(args):
-    if args.model_dir:
-        return args.model_dir
-    from estimator_keras import cloud  # pylint: disable=import-outside-toplevel
-    resolved = cloud.resolve_vertex_environment(None).get("model_dir")
-    return resolved or os.path.join("runs", args.name)
+    return _dirs(args)[0]
 
 
 def _experiment(args, **flags):
@@ -156,10 +165,11 @@ def cmd_train(args):
     experiment, config = _experiment(args, max_steps=args.max_steps,
                                      batch_size=args.batch_size,
                                      eval_every_steps=args.eval_every)
-    model_dir = _model_dir(args)
+    model_dir, export_dir, tensorboard_dir = _dirs(args)
     result = train.train(experiment, config, model_dir=model_dir, data_dir=_data_dir(args),
                          source_dir=args.source_dir, strategy=args.strategy,
-                         skip_corrupt=args.skip_corrupt)
+                         skip_corrupt=args.skip_corrupt, export_dir=export_dir,
+                         tensorboard_dir=tensorboard_dir)
     _print_result(result.task, result.metrics, result.export_dir, result.seconds)
     return 0
 

@@ -124,9 +124,13 @@ def check_inputs(model, config, dataset_path):
 
 
 def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
-          skip_corrupt=False, prepare_workers=1):
+          skip_corrupt=False, prepare_workers=1, export_dir=None, tensorboard_dir=None):
     """Runs the experiment: prepare data if missing, train_and_evaluate,
-    export (chief only). Works locally and as any task of a TF_CONFIG cluster."""
+    export (chief only). Works locally and as any task of a TF_CONFIG cluster.
+
+    ``export_dir`` defaults to ``MODEL_DIR/export``; ``tensorboard_dir``, when
+    it differs from the model dir (Vertex's AIP_TENSORBOARD_LOG_DIR), gets a
+    copy of the summaries at the end."""
     start = time.monotonic()
     info = cluster_lib.parse_tf_config()
     # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
@@ -190,14 +194,15 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
                 log=lambda m: say(f"[{info.task_name}] {m}"))
         except tf.errors.DataLossError as e:
             raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e
-        except tf.errors.InvalidArgumentError as e:
+        except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as e:
             # Records that frame correctly but do not parse to the schema.
             raise DataError(
                 f"training stopped: records in {dataset_path} do not match the "
-                f"dataset's schema ({_short(e)}). Check them with `python -m "
+                f"dataset's schema ({records.short_tf_error(e)}). Check them with `python -m "
                 f"experiments inspect {dataset_path} --verify`, or rerun with "
                 f"--skip-corrupt to drop the batches that fail.") from e
-        export_dir = None
+        if not info.is_chief:
+            export_dir = None
         if info.is_chief:
             if metrics is None:
                 # In a cluster only the evaluator evaluates; the chief's
@@ -206,8 +211,11 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
             export_dir = export_lib.export_model(
                 lambda: experiment.build_model(config.model), model_dir,
                 schema=train_fn.files.schema, features=config.data.features,
+                export_dir=export_dir,
                 metadata={"experiment": config.name, "metrics": metrics,
                           "dataset": dataset_path})
+            if tensorboard_dir and tensorboard_dir.rstrip("/") != str(model_dir).rstrip("/"):
+                _copy_summaries(model_dir, tensorboard_dir)
         elif info.task_type == "worker" and strategy_name == "multi_worker_mirrored":
             _remove_scratch(model_dir, info)
         step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
@@ -218,8 +226,17 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
             lock.release()
 
 
-def _short(error):
-    return records._short_tf_error(error)  # pylint: disable=protected-access
+def _copy_summaries(model_dir, tensorboard_dir):
+    """Copies the event files (train and eval/) to where the platform's
+    TensorBoard looks."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from estimator_keras.cloud import copy_to_remote  # pylint: disable=import-outside-toplevel
+    for sub in ("", "eval"):
+        src = posixpath.join(str(model_dir), sub) if sub else str(model_dir)
+        for path in tf.io.gfile.glob(posixpath.join(src, "events.out.tfevents.*")):
+            dst = posixpath.join(tensorboard_dir, sub, posixpath.basename(path))
+            copy_to_remote(path, dst)
 
 
 def _log_evaluations(estimator, log):
@@ -263,7 +280,7 @@ def _name_corrupt_files(error, *file_sets):
             if not check.ok:
                 broken.append(check)
     if not broken:
-        return CorruptRecordError(f"reading the records failed: {_short(error)}")
+        return CorruptRecordError(f"reading the records failed: {records.short_tf_error(error)}")
     first = broken[0]
     where = ", ".join(
         f"{c.path} (after {c.num_records} good records"

@@ -1,36 +1,18 @@
 """Shared test fixtures: running the CLI in a subprocess, tiny datasets."""
 
 import os
-import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def child_env(**extra):
-    """The environment for a child Python: this tree importable, TF quiet."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    return env
-
-
-def _run_cli(*args, timeout=120):
-    # subprocess.run kills the child when the timeout expires.
-    proc = subprocess.run([sys.executable, "-m", "experiments", *map(str, args)],
-                          cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
+from support import FASHION, cli
 
 
 @pytest.fixture
 def run_cli():
     """``run_cli(*args, timeout=120) -> (returncode, stdout, stderr)`` of
     ``python -m experiments ARGS`` run from the repository root."""
-    return _run_cli
+    return cli
 
 
 def tiny_arrays(n=40, seed=0):
@@ -61,26 +43,16 @@ def tiny_dataset(tmp_path):
     return make
 
 
-def record_frames(path):
-    """(start offset, data length) of each record of an uncompressed TFRecord
-    file, from its framing: length (8) + CRC (4) + data + CRC (4)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    frames, pos = [], 0
-    while pos + 12 <= len(data):
-        (length,) = struct.unpack("<Q", data[pos:pos + 8])
-        frames.append((pos, length))
-        pos += 16 + length
-    return frames
-
-
-def flip_byte_in_record(path, index):
-    """Flips one byte in the middle of record ``index``'s data; returns the
-    record's start offset (where a reader reports the corruption)."""
-    start, length = record_frames(path)[index]
-    with open(path, "r+b") as f:
-        f.seek(start + 12 + length // 2)
-        byte = f.read(1)
-        f.seek(start + 12 + length // 2)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    return start
+@pytest.fixture(scope="session")
+def fashion_data(tmp_path_factory):
+    """A data dir holding ``fashion_mnist``: the first 3000 train and 3000 test
+    examples of the real Fashion-MNIST, in 4 + 1 shards. Tests that damage it
+    copy it first."""
+    if not os.path.isdir(FASHION):
+        pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
+    root = tmp_path_factory.mktemp("fashion")
+    rc, out, err = cli("prepare", "fashion_mnist", "--data-dir", root, "--max-examples", 3000,
+                       "--shards", 4)
+    assert rc == 0, err
+    assert "train 3000, test 3000" in out
+    return root

@@ -3,69 +3,14 @@
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FASHION = "/usr/share/datasets/fashion-mnist"
+from support import checkpoint_steps, cli, kill_group, start_cli
 
 pytestmark = pytest.mark.slow
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env.pop("TF_CONFIG", None)
-    return env
-
-
-def cli(*args, timeout=300, env=None):
-    """Runs the CLI; returns (returncode, stdout, stderr)."""
-    proc = subprocess.run([sys.executable, "-m", "experiments", *map(str, args)],
-                          cwd=ROOT, env=env or _env(), capture_output=True, text=True,
-                          timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def start_cli(*args, log):
-    return subprocess.Popen([sys.executable, "-m", "experiments", *map(str, args)],
-                            cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
-
-
-def checkpoint_steps(model_dir):
-    steps = []
-    for name in os.listdir(model_dir) if os.path.isdir(model_dir) else []:
-        match = re.match(r"model\.ckpt-(\d+)\.index$", name)
-        if match:
-            steps.append(int(match.group(1)))
-    return sorted(steps)
-
-
-@pytest.fixture(scope="module")
-def fashion_slice(tmp_path_factory):
-    if not os.path.isdir(FASHION):
-        pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
-    data_dir = tmp_path_factory.mktemp("data")
-    rc, out, err = cli("prepare", "fashion_mnist", "--data-dir", data_dir,
-                       "--max-examples", 3000, "--shards", 4)
-    assert rc == 0, err
-    assert "train 3000, test 3000" in out
-    return str(data_dir)
 
 
 def test_list_shows_every_experiment():
@@ -83,9 +28,9 @@ def test_every_command_has_help(command):
     assert "usage:" in out
 
 
-def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_slice, tmp_path):
+def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_data, tmp_path):
     model_dir = tmp_path / "run"
-    rc, out, err = cli("train", "fashion_mnist_cnn", "--data-dir", fashion_slice,
+    rc, out, err = cli("train", "fashion_mnist_cnn", "--data-dir", fashion_data,
                        "--model-dir", model_dir, "--max-steps", 150, "--eval-every", 150,
                        "--batch-size", 64)
     assert rc == 0, err[-3000:]
@@ -97,12 +42,12 @@ def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_slice, tmp_path):
     assert info["global_step"] == 150 and info["experiment"] == "fashion_mnist_cnn"
 
     # evaluate and export work from the latest checkpoint of the model dir.
-    rc, out, err = cli("evaluate", "fashion_mnist_cnn", "--data-dir", fashion_slice,
+    rc, out, err = cli("evaluate", "fashion_mnist_cnn", "--data-dir", fashion_data,
                        "--model-dir", model_dir)
     assert rc == 0, err[-2000:]
     assert abs(json.loads(out)["accuracy"] - accuracy) < 1e-4
     rc, out, err = cli("export", "fashion_mnist_cnn", "--model-dir", model_dir,
-                       "--export-dir", tmp_path / "again", "--data-dir", fashion_slice)
+                       "--export-dir", tmp_path / "again", "--data-dir", fashion_data)
     assert rc == 0, err[-2000:]
     import tensorflow as tf
     first = tf.keras.models.load_model(model_dir / "export" / "model.h5", compile=False)
@@ -112,7 +57,7 @@ def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_slice, tmp_path):
         np.testing.assert_array_equal(a, b)
 
     # Restarting on the same model dir continues from its checkpoint.
-    rc, out, err = cli("train", "fashion_mnist_cnn", "--data-dir", fashion_slice,
+    rc, out, err = cli("train", "fashion_mnist_cnn", "--data-dir", fashion_data,
                        "--model-dir", model_dir, "--max-steps", 200, "--eval-every", 50,
                        "--batch-size", 64)
     assert rc == 0, err[-3000:]
@@ -134,10 +79,10 @@ def test_shapes_unet_trains_and_exports(tmp_path):
     assert (tmp_path / "run" / "export" / "saved_model" / "saved_model.pb").exists()
 
 
-def test_sigkilled_train_resumes_and_finishes(fashion_slice, tmp_path):
+def test_sigkilled_train_resumes_and_finishes(fashion_data, tmp_path):
     model_dir = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:
-        proc = start_cli("train", "fashion_mnist_mlp", "--data-dir", fashion_slice,
+        proc = start_cli("train", "fashion_mnist_mlp", "--data-dir", fashion_data,
                          "--model-dir", model_dir, "--max-steps", 100000,
                          "--eval-every", 40, "--batch-size", 32, log=log)
         try:
@@ -153,7 +98,7 @@ def test_sigkilled_train_resumes_and_finishes(fashion_slice, tmp_path):
     assert (model_dir / ".train.lock").exists()  # left behind by the kill
 
     target = killed_at + 40
-    rc, out, err = cli("train", "fashion_mnist_mlp", "--data-dir", fashion_slice,
+    rc, out, err = cli("train", "fashion_mnist_mlp", "--data-dir", fashion_data,
                        "--model-dir", model_dir, "--max-steps", target, "--eval-every", 40,
                        "--batch-size", 32)
     assert rc == 0, err[-3000:]

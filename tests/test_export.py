@@ -6,8 +6,6 @@ they prove a plain Keras user can load the files.
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -19,6 +17,7 @@ from estimator_keras import estimator as est_lib
 from estimator_keras import export as export_lib
 from estimator_keras import inputs, records
 from estimator_keras.errors import ModelDirError, SchemaError
+from support import fresh_python
 
 pytestmark = pytest.mark.slow
 
@@ -73,16 +72,6 @@ def trained(tmp_path_factory):
             "test": test, "estimator": est}
 
 
-def _fresh_python(code, cwd):
-    """Runs code in a new interpreter that cannot import estimator_keras."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
-
-
 def test_training_beats_chance(trained):
     assert trained["metrics"]["accuracy"] > 0.5
     assert trained["metrics"]["global_step"] == 120
@@ -91,7 +80,7 @@ def test_training_beats_chance(trained):
 def test_h5_model_reproduces_estimator_predictions_in_fresh_process(trained):
     images = trained["test"]["image"]
     np.save(trained["root"] / "x.npy", images)
-    out = _fresh_python(f"""
+    out = fresh_python(textwrap.dedent(f"""
         import sys, numpy as np, tensorflow as tf
         try:
             import estimator_keras
@@ -103,7 +92,7 @@ def test_h5_model_reproduces_estimator_predictions_in_fresh_process(trained):
         p = m.predict(np.load({str(trained['root'] / 'x.npy')!r}).astype('float32'), verbose=0)
         np.save({str(trained['root'] / 'p.npy')!r}, p)
         print("ok")
-    """, cwd=str(trained["root"]))
+    """), cwd=str(trained["root"]))
     assert "ok" in out
     fresh = np.load(trained["root"] / "p.npy")
     np.testing.assert_array_equal(fresh, trained["preds"])

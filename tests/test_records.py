@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, child_env, flip_byte_in_record, record_frames
+from support import ROOT, child_env, flip_byte_in_record, record_frames
 from estimator_keras import records
 from estimator_keras.errors import CorruptRecordError, DataError
 from estimator_keras.inputs import make_dataset
@@ -41,7 +41,7 @@ def _read_eval(data, names, label="label", split="train", batch_size=8):
     parts = {n: [] for n in names}
     labels = []
     for features, batch_labels in make_dataset(data, batch_size, training=False, split=split,
-                                               features=list(names), label=label):
+                                               features={n: n for n in names}, label=label):
         for n in names:
             parts[n].append(features[n].numpy())
         labels.append(batch_labels.numpy())
@@ -69,7 +69,7 @@ def test_round_trip_is_byte_exact(tmp_path, compression):
         "weight": rng.standard_normal(n).astype(np.float32),
         # Beyond 2**53: survives only if nothing goes through float or int32.
         "label": (np.int64(2) ** 60 + rng.integers(0, 1000, n)).astype(np.int64),
-        "name": np.array(strings + [], dtype=object),
+        "name": np.array(strings, dtype=object),
     }
     arrays["name"][0] = b""
     arrays["name"][1] = b"\x00\xff\x00"
@@ -110,6 +110,19 @@ def test_spawned_workers_write_identical_shards(tmp_path, compression):
     assert sorted(os.listdir(tmp_path / "two")) == sorted([*b, MANIFEST_NAME])
 
 
+@pytest.fixture
+def tmp_dataset_dirs(tmp_path):
+    counter = iter(range(100))
+
+    def make(seed, shuffle=True):
+        directory = str(tmp_path / f"d{next(counter)}")
+        write_records({"id": np.arange(40, dtype=np.int64)}, directory, num_shards=4,
+                      seed=seed, shuffle=shuffle, progress=False)
+        return directory
+
+    return make
+
+
 def test_shuffle_before_sharding_is_real_and_seeded(tmp_dataset_dirs):
     first = tmp_dataset_dirs(seed=3)
     again = tmp_dataset_dirs(seed=3)
@@ -128,19 +141,6 @@ def test_shuffle_before_sharding_is_real_and_seeded(tmp_dataset_dirs):
     assert shard_ids(other) != ids
     # The control: without shuffling, shard 0 is the first examples in order.
     assert shard_ids(plain) == [list(range(k, k + 10)) for k in range(0, 40, 10)]
-
-
-@pytest.fixture
-def tmp_dataset_dirs(tmp_path):
-    counter = iter(range(100))
-
-    def make(seed, shuffle=True):
-        directory = str(tmp_path / f"d{next(counter)}")
-        write_records({"id": np.arange(40, dtype=np.int64)}, directory, num_shards=4,
-                      seed=seed, shuffle=shuffle, progress=False)
-        return directory
-
-    return make
 
 
 # --------------------------------------------------------------------------- manifest
@@ -174,7 +174,7 @@ def test_manifest_counts_and_shard_names(tmp_path):
         assert sorted(seen) == (list(range(23)) if split == "train" else list(range(23, 30)))
     assert sorted(os.listdir(out)) == sorted(
         [MANIFEST_NAME] + [s.file for i in manifest.splits.values() for s in i.shards])
-    # Ten shards for the writer's default of ~10k examples a shard.
+    # The writer's default is about 10k examples a shard.
     assert records.default_num_shards(100001) == 11
     assert records.shard_name("train", 3, 12, "GZIP") == "train-00003-of-00012.tfrecord.gz"
 
@@ -319,7 +319,7 @@ def test_inspect_verify_clean_dataset(tiny_dataset, run_cli):
     assert rc == 0, (out, err)
     assert "all records verified" in out
     assert "split train: 40 examples in 4 file(s)" in out
-    assert out.count(" ok\n") + out.endswith(" ok") == 4
+    assert sum(line.endswith(" ok") for line in out.splitlines()) == 4
 
 
 def test_inspect_verify_glob_without_manifest(tmp_path, run_cli):

@@ -1,0 +1,413 @@
+"""Plumbing shared by the benchmark tables: settings, data, timing, output.
+
+Every table follows one pattern: build each variant once, run one warm-up
+window per variant (which also sizes the timed windows), then run the timed
+windows round-robin, ``repeats`` times, rotating the starting variant each
+round, and report medians. Alternating matters here: the machine is shared
+and its speed drifts by tens of percent within a minute, so variants timed
+back to back see the same drift and their ratios stay meaningful.
+"""
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+logger = logging.getLogger(__name__)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_JSON = os.path.join(HERE, "results", "latest.json")
+DATASET_NAME = "fashion_mnist"
+IMAGE, LABEL = "image", "label"
+
+
+@dataclasses.dataclass
+class Settings:
+    """What one benchmark run measures and how hard.
+
+    Attributes:
+      data_dir: a dataset directory (with ``dataset.json``) used as is, or a
+        folder where ``fashion_mnist/`` is (or gets) prepared.
+      quick: fewer repeats and shorter windows, for development.
+      examples: use only the first N training examples (a subset dataset is
+        written under ``workdir``); None for all.
+      repeats: timed windows per variant (default: each table's own, 3 to 7;
+        quick 2).
+      window_s: target seconds of one timed window (default 1.5, quick 0.4).
+      workdir: scratch folder for model dirs and written datasets.
+      batch_size: examples per batch everywhere.
+      seed: seeds shuffles and model initialization.
+    """
+
+    data_dir: str = "data"
+    quick: bool = False
+    examples: int = None
+    repeats: int = None
+    window_s: float = None
+    workdir: str = None
+    batch_size: int = 128
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.window_s is None:
+            self.window_s = 0.4 if self.quick else 1.5
+        if self.workdir is None:
+            self.workdir = tempfile.mkdtemp(prefix="ek-bench-")
+        os.makedirs(self.workdir, exist_ok=True)
+
+    def repeats_for(self, full):
+        """Timed windows per variant: --repeats if given, else 2 with --quick,
+        else the table's own ``full`` default."""
+        if self.repeats:
+            return int(self.repeats)
+        return 2 if self.quick else int(full)
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+
+def say(message):
+    """Progress for people, on stderr (stdout carries the tables)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def quiet_tensorflow():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf.get_logger().setLevel(logging.ERROR)
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    tf.autograph.set_verbosity(0)
+    return tf
+
+
+# --------------------------------------------------------------------------
+# Data
+
+
+def dataset_path(settings):
+    """The dataset directory the tables read, prepared first when missing."""
+    from estimator_keras import records  # pylint: disable=import-outside-toplevel
+
+    base = str(settings.data_dir)
+    if os.path.exists(records.manifest_path(base)):
+        path = base
+    else:
+        from experiments import datasets  # pylint: disable=import-outside-toplevel
+        path = datasets.dataset_dir(base, DATASET_NAME)
+        if not datasets.is_prepared(base, DATASET_NAME):
+            say(f"preparing {DATASET_NAME} in {base} (one time)")
+            datasets.prepare(DATASET_NAME, base, progress=False)
+    if settings.examples:
+        path = subset_dataset(path, int(settings.examples),
+                              os.path.join(settings.workdir, f"subset-{settings.examples}"))
+    return path
+
+
+def subset_dataset(path, n, out):
+    """A copy of ``path`` with only its first ``n`` training examples (and its
+    whole test split) in up to 8 shards; reused when already written."""
+    from estimator_keras import records  # pylint: disable=import-outside-toplevel
+
+    if os.path.exists(records.manifest_path(out)):
+        return out
+    manifest = records.load_manifest(path)
+    splits = {}
+    for split in manifest.splits:
+        images, labels = load_arrays(path, split)
+        if split == "train":
+            images, labels = images[:n], labels[:n]
+        splits[split] = {IMAGE: images, LABEL: labels}
+    shards = {s: max(1, min(8, len(a[LABEL]))) for s, a in splits.items()}
+    records.write_dataset(splits, out, num_shards=shards, shuffle=False, progress=False,
+                          name=f"{manifest.name or 'dataset'}-subset-{n}")
+    return out
+
+
+def dataset_info(path, split="train"):
+    """(files, schema, num_examples, compression) of a split."""
+    from estimator_keras import records  # pylint: disable=import-outside-toplevel
+
+    resolved = records.resolve(path, split)
+    return resolved
+
+
+def load_arrays(path, split="train"):
+    """The split as numpy arrays ``(images uint8 [N, ...], labels int64 [N])``,
+    in file order, read from the records themselves so that every path of a
+    benchmark sees the same examples."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    resolved = dataset_info(path, split)
+    spec = resolved.schema[IMAGE]
+    parse_spec = {IMAGE: tf.io.FixedLenFeature([], tf.string),
+                  LABEL: tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(serialized):
+        parsed = tf.io.parse_example(serialized, parse_spec)
+        images = tf.reshape(tf.io.decode_raw(parsed[IMAGE], tf.as_dtype(spec.dtype)),
+                            [-1, *spec.shape])
+        return images, parsed[LABEL]
+
+    ds = tf.data.TFRecordDataset(resolved.files, resolved.compression or "").batch(4096).map(parse)
+    images, labels = [], []
+    for x, y in ds:
+        images.append(x.numpy())
+        labels.append(y.numpy())
+    return np.concatenate(images), np.concatenate(labels).astype(np.int64)
+
+
+# --------------------------------------------------------------------------
+# Timing
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def window_size(rate, window_s, lo, hi):
+    """How many units fill ``window_s`` seconds at ``rate`` units/s."""
+    if not rate or rate != rate:
+        return lo
+    return int(max(lo, min(hi, rate * window_s)))
+
+
+class Variant:
+    """One thing a table times. Subclasses implement ``build`` (once),
+    ``warmup`` (once; also sizes the window) and ``measure`` (one timed
+    window, returning (units, seconds)); ``close`` frees what they hold."""
+
+    name = ""
+    description = ""
+    consumed = ""
+    group = ""
+
+    def build(self):
+        pass
+
+    def warmup(self):
+        self.measure()
+
+    def measure(self):
+        raise NotImplementedError
+
+    def close(self):
+        pass
+
+    def extra(self):
+        """Extra fields for this variant's row in the JSON."""
+        return {}
+
+
+def run_alternating(variants, repeats, label):
+    """Times ``variants`` round-robin; returns {name: [rate, ...]}.
+
+    A variant whose build or measure raises gets its error recorded (as
+    ``errors[name]``) and drops out; the others go on.
+    """
+    samples = {v.name: [] for v in variants}
+    errors = {}
+    live = []
+    for v in variants:
+        try:
+            start = time.perf_counter()
+            v.build()
+            v.warmup()
+            say(f"[{label}] built + warmed {v.name} in {time.perf_counter() - start:.1f}s")
+            live.append(v)
+        except Exception as e:  # pylint: disable=broad-except
+            errors[v.name] = f"{type(e).__name__}: {e}"[:500]
+            say(f"[{label}] {v.name} failed: {errors[v.name]}")
+    for r in range(repeats):
+        k = r % max(1, len(live))
+        for v in live[k:] + live[:k]:
+            if v.name in errors:
+                continue
+            try:
+                units, seconds = v.measure()
+            except Exception as e:  # pylint: disable=broad-except
+                errors[v.name] = f"{type(e).__name__}: {e}"[:500]
+                say(f"[{label}] {v.name} failed: {errors[v.name]}")
+                continue
+            rate = units / max(seconds, 1e-9)
+            samples[v.name].append(rate)
+            say(f"[{label}] round {r + 1}/{repeats} {v.name}: {rate:,.1f}")
+    for v in variants:
+        try:
+            v.close()
+        except Exception:  # pylint: disable=broad-except
+            pass
+    return samples, errors
+
+
+def rows_from(variants, samples, errors, reference=None, unit=""):
+    """Table rows (dicts) with medians, spread and ratio to ``reference``."""
+    rows = []
+    ref = median(samples.get(reference, [])) if reference else None
+    for v in variants:
+        s = samples.get(v.name, [])
+        row = {"name": v.name, "group": v.group, "description": v.description,
+               "consumed": v.consumed, "unit": unit, "median": median(s) if s else None,
+               "min": min(s) if s else None, "max": max(s) if s else None,
+               "samples": [round(x, 3) for x in s]}
+        if v.name in errors:
+            row["error"] = errors[v.name]
+        if ref and s:
+            row["ratio"] = median(s) / ref
+        row.update(v.extra())
+        rows.append(row)
+    return rows
+
+
+def target(tid, description, value, threshold, op=">="):
+    """A target row: ``value op threshold`` -> met."""
+    checks = {">=": lambda v: v >= threshold, "<": lambda v: v < threshold,
+              "<=": lambda v: v <= threshold}
+    if op not in checks:
+        raise ValueError(f"unknown target operator {op!r}")
+    met = None
+    if value is not None and value == value:
+        met = bool(checks[op](value))
+    return {"id": tid, "description": description, "value": value,
+            "threshold": threshold, "op": op, "met": met}
+
+
+def row_median(rows, name):
+    for row in rows:
+        if row["name"] == name:
+            return row["median"]
+    return None
+
+
+def ratio(a, b):
+    if a is None or b is None or not b:
+        return None
+    return a / b
+
+
+# --------------------------------------------------------------------------
+# Output
+
+
+def machine_info():
+    """Where the numbers come from: cores, CPU, memory, versions, load."""
+    info = {"nproc": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+    try:
+        info["cpus_usable"] = len(os.sched_getaffinity(0))
+    except AttributeError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = [line.split(":", 1)[1].strip() for line in f
+                      if line.startswith("model name")]
+        info["cpu_model"] = models[0] if models else None
+    except OSError:
+        info["cpu_model"] = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    info["mem_total_gib"] = round(int(line.split()[1]) / 2 ** 20, 1)
+    except OSError:
+        pass
+    try:
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        info["numpy"] = np.__version__
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        info["tensorflow"] = tf.__version__
+        import tensorflow_estimator  # pylint: disable=import-outside-toplevel
+        info["tensorflow_estimator"] = getattr(tensorflow_estimator, "__version__", None)
+    except ImportError:
+        pass
+    info["loadavg"] = load_average()
+    return info
+
+
+def load_average():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
+
+
+def now_iso():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json(obj, path):
+    """Writes ``obj`` to ``path`` via a temporary name and a rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=_jsonable)
+    os.replace(tmp, path)
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def fmt(value, digits=None):
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if digits is not None:
+        return f"{value:,.{digits}f}"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    return f"{value:,.2f}"
+
+
+def format_table(result):
+    """A table result (dict) as text: rows with medians and ratios, then targets."""
+    lines = [f"== {result['table']}: {result.get('title', '')}"]
+    unit = result.get("unit", "")
+    rows = result.get("rows", [])
+    if rows:
+        columns = result.get("columns") or ["name", "median", "min", "max", "ratio"]
+        header = [c if c != "median" else f"median {unit}".strip() for c in columns]
+        table = [header]
+        for row in rows:
+            cells = []
+            for c in columns:
+                v = row.get(c)
+                if c == "ratio" and v is not None:
+                    cells.append(f"{v:.2f}x")
+                elif isinstance(v, float):
+                    cells.append(fmt(v, 4) if abs(v) < 1 else fmt(v))
+                elif v is None:
+                    cells.append("-")
+                else:
+                    cells.append(str(v))
+            if row.get("error"):
+                cells[-1] = f"{cells[-1]} ERROR: {row['error'][:80]}"
+            table.append(cells)
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        for k, r in enumerate(table):
+            lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+                                   for i, cell in enumerate(r)).rstrip())
+            if k == 0:
+                lines.append("  ".join("-" * w for w in widths))
+    for t in result.get("targets", []):
+        state = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
+        value = "-" if t["value"] is None else (f"{t['value']:.3f}" if abs(t["value"]) < 100
+                                                else f"{t['value']:,.0f}")
+        lines.append(f"  target {t['id']}: {t['description']}: {value} "
+                     f"(need {t['op']} {t['threshold']}) {state}")
+    for note in result.get("notes", []):
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)

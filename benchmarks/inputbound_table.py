@@ -1,0 +1,124 @@
+"""Table "inputbound": is Estimator training waiting for its input?
+
+The same Estimator (seed CNN, seed MLP) is trained with this package's real
+``input_fn`` over the TFRecords and with a synthetic one,
+``Dataset.from_tensors(one real batch).repeat()``, which costs next to
+nothing per step. If the real pipeline keeps up, both run at the same
+steps/s: the target is real / synthetic >= 0.95. Alternatives of the real
+pipeline (InputConfig knobs, tf.data options, a completed in-memory cache)
+run alongside, since a pipeline is best judged by the training it sustains.
+Windows alternate between all of them, as in the training table.
+"""
+
+from benchmarks import common, training_table
+from benchmarks.common import IMAGE
+
+TABLE = "inputbound"
+TITLE = "Estimator steps/s, real input_fn vs synthetic in-memory input_fn"
+MODELS = training_table.MODELS
+
+
+def synthetic_input_fn_factory(path, settings):
+    """A factory of an input_fn repeating one real batch forever, with the
+    dtypes and shapes the real pipeline yields (float32 images, int64 labels)."""
+    images, labels = common.load_arrays(path, "train")
+    batch_x = images[:settings.batch_size].astype("float32")
+    batch_y = labels[:settings.batch_size]
+
+    def factory():
+        def input_fn():
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+            return tf.data.Dataset.from_tensors(({IMAGE: batch_x}, batch_y)).repeat()
+        return input_fn
+
+    return factory
+
+
+def dataset_input_fn_factory(make_dataset):
+    """A factory of an input_fn returning ``make_dataset()``."""
+    def factory():
+        def input_fn():
+            return make_dataset()
+        return input_fn
+    return factory
+
+
+def variants(model_name, path, settings, knobs=True):
+    from benchmarks import input_table  # pylint: disable=import-outside-toplevel
+
+    out = [
+        training_table.EstimatorVariant(
+            "real", model_name, settings, training_table.real_input_fn(path, settings),
+            description="make_input_fn over the TFRecords (default pipeline)"),
+        training_table.EstimatorVariant(
+            "synthetic", model_name, settings, synthetic_input_fn_factory(path, settings),
+            description="from_tensors(one batch).repeat()"),
+    ]
+    if not knobs:
+        return out
+    resolved = common.dataset_info(path, "train")
+    b = settings.batch_size
+    alternatives = [
+        ("real cycle=2,block=128",
+         lambda: input_table.package_pipeline(path, b, cycle_length=2, block_length=128),
+         "make_dataset(cycle_length=2, block_length=128)"),
+        ("real parse map sequential",
+         lambda: input_table.custom_pipeline(resolved.files, resolved.schema, b,
+                                             compression=resolved.compression,
+                                             parse_parallel=False),
+         "default pipeline with a sequential parse map (custom_pipeline)"),
+        ("real +options max_intra_op=1",
+         lambda: input_table.with_options(input_table.package_pipeline(path, b),
+                                          {"threading.max_intra_op_parallelism": 1}),
+         "default pipeline + tf.data.Options threading.max_intra_op_parallelism=1"),
+        ("real cache 1 epoch + repeat",
+         lambda: input_table.cached_epoch_pipeline(path, b),
+         "make_dataset(num_epochs=1, cache=True).repeat(): parsed batches from memory "
+         "after the first epoch"),
+    ]
+    for name, make, description in alternatives:
+        variant = training_table.EstimatorVariant(
+            name, model_name, settings, dataset_input_fn_factory(make),
+            description=description, group="knob")
+        if "cache" in name:
+            if model_name == "seed_cnn":
+                # Its warm-up epoch would take a minute per window at CNN speed.
+                continue
+            # Every est.train call rebuilds the pipeline, so each window first
+            # fills the cache: time only what follows one full epoch.
+            variant.warm = -(-resolved.num_examples // b) + variant.warm
+        out.append(variant)
+    return out
+
+
+def run(settings, path=None, models=MODELS, knobs=True):
+    common.quiet_tensorflow()
+    path = path or common.dataset_path(settings)
+    rows, targets = [], []
+    load_start = common.load_average()
+    for model_name in models:
+        vs = variants(model_name, path, settings, knobs)
+        samples, errors = common.run_alternating(vs, settings.repeats_for(7),
+                                                 f"{TABLE}/{model_name}")
+        model_rows = common.rows_from(vs, samples, errors, reference="synthetic",
+                                      unit="steps/s")
+        for row in model_rows:
+            row["name"] = f"{model_name} {row['name']}"
+        rows.extend(model_rows)
+        real, synthetic = model_rows[0]["median"], model_rows[1]["median"]
+        targets.append(common.target(f"inputbound.{model_name}",
+                                     f"{model_name}: real (default) / synthetic input_fn",
+                                     common.ratio(real, synthetic), 0.95))
+        best = max((r for r in model_rows[2:] if r["median"]), key=lambda r: r["median"],
+                   default=None)
+        if best is not None:
+            targets.append(common.target(
+                f"inputbound.{model_name}.best_knob",
+                f"{model_name}: best alternative ({best['name'].split(' ', 1)[1]}) / "
+                f"synthetic (info)", common.ratio(best["median"], synthetic), 0.95))
+    return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
+            "columns": ["name", "median", "min", "max", "ratio", "window_steps"],
+            "targets": targets, "dataset": path, "load_before": load_start,
+            "load_after": common.load_average(),
+            "notes": ["ratio = median / median of the same model's `synthetic` row"]}

@@ -1,0 +1,90 @@
+"""Helpers shared by the tests: running the CLI and fresh interpreters,
+ending what they start, reading checkpoints."""
+
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def child_env(**extra):
+    """The environment for a child Python: this tree importable, TF quiet,
+    no inherited TF_CONFIG (a test that wants one passes it)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    if "TF_CONFIG" not in extra:
+        env.pop("TF_CONFIG", None)
+    return env
+
+
+def cli(*args, timeout=300, env=None):
+    """``python -m experiments ARGS`` from the repository root; returns
+    (returncode, stdout, stderr). subprocess.run kills it at the timeout."""
+    proc = subprocess.run([sys.executable, "-m", "experiments", *map(str, args)],
+                          cwd=ROOT, env=env or child_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def start_cli(*args, log):
+    """Starts the CLI in its own process group (end it with kill_group)."""
+    return subprocess.Popen([sys.executable, "-m", "experiments", *map(str, args)],
+                            cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def checkpoint_steps(model_dir):
+    """Steps of the checkpoints in model_dir, ascending."""
+    model_dir = str(model_dir)
+    names = os.listdir(model_dir) if os.path.isdir(model_dir) else []
+    return sorted(int(m.group(1)) for m in (
+        re.match(r"model\.ckpt-(\d+)\.index$", n) for n in names) if m)
+
+
+def fresh_python(code, cwd, timeout=180):
+    """Runs code in an isolated interpreter that cannot import this package
+    (what a plain Keras user has); returns its stdout."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=str(cwd), env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def record_frames(path):
+    """(start offset, data length) of each record of an uncompressed TFRecord
+    file, from its framing: length (8) + CRC (4) + data + CRC (4)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    frames, pos = [], 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        frames.append((pos, length))
+        pos += 16 + length
+    return frames
+
+
+def flip_byte_in_record(path, index):
+    """Flips one byte in the middle of record ``index``'s data; returns the
+    record's start offset (where a reader reports the corruption)."""
+    start, length = record_frames(path)[index]
+    with open(path, "r+b") as f:
+        f.seek(start + 12 + length // 2)
+        byte = f.read(1)
+        f.seek(start + 12 + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return start

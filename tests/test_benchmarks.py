@@ -1,0 +1,265 @@
+"""Tests of the benchmark code on tiny data: correctness, not speed.
+
+Every pipeline must yield each example exactly once per epoch with the
+right values; the old-style loops (queue runners, feed_dict) must run; the
+CLI must write JSON of the documented structure.
+"""
+
+import collections
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks import common, input_table, legacy, training_table, writing_table
+from benchmarks.common import IMAGE, LABEL
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N_TRAIN, N_TEST, BATCH = 200, 40, 16
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A Fashion-MNIST-shaped dataset of random images: (directory, arrays)."""
+    from estimator_keras.records import write_dataset  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(0)
+    arrays = {split: {IMAGE: rng.integers(0, 256, (n, 28, 28, 1), dtype=np.uint8),
+                      LABEL: rng.integers(0, 10, n).astype(np.int64)}
+              for split, n in (("train", N_TRAIN), ("test", N_TEST))}
+    directory = str(tmp_path_factory.mktemp("bench") / "tiny")
+    write_dataset(arrays, directory, num_shards={"train": 4, "test": 2}, progress=False,
+                  name="tiny")
+    return directory, arrays
+
+
+@pytest.fixture
+def settings(tiny, tmp_path):
+    return common.Settings(data_dir=tiny[0], quick=True, repeats=1, window_s=0.01,
+                           workdir=str(tmp_path / "work"), batch_size=BATCH)
+
+
+def _by_image(arrays):
+    return {arrays[IMAGE][i].tobytes(): int(arrays[LABEL][i]) for i in range(len(arrays[LABEL]))}
+
+
+def _collect(dataset):
+    """Counter of (image bytes, label) over a finite dataset of batches."""
+    seen = collections.Counter()
+    for features, labels in dataset:
+        images = features[IMAGE].numpy() if isinstance(features, dict) else features.numpy()
+        assert images.dtype == np.float32
+        for image, label in zip(images, labels.numpy()):
+            seen[(image.astype(np.uint8).tobytes(), int(label))] += 1
+    return seen
+
+
+def _assert_one_epoch(dataset, arrays):
+    seen = _collect(dataset)
+    expected = collections.Counter((k, v) for k, v in _by_image(arrays).items())
+    assert seen == expected
+
+
+PACKAGE_VARIANTS = [{}] + [overrides for _, overrides, _ in input_table.KNOBS]
+
+
+@pytest.mark.parametrize("overrides", PACKAGE_VARIANTS, ids=lambda o: str(o) or "default")
+def test_package_pipeline_variants_yield_each_example_once(tiny, overrides):
+    path, arrays = tiny
+    ds = input_table.package_pipeline(path, BATCH, num_epochs=1, seed=1, **overrides)
+    _assert_one_epoch(ds, arrays["train"])
+
+
+def test_other_pipelines_yield_each_example_once(tiny):
+    path, arrays = tiny
+    resolved = common.dataset_info(path)
+    files, schema = resolved.files, resolved.schema
+    pipelines = {
+        "guide_recipe": input_table.guide_recipe_pipeline(files, schema, BATCH, num_epochs=1,
+                                                          seed=1),
+        "per_record": input_table.per_record_pipeline(files, schema, BATCH, num_epochs=1),
+        "custom": input_table.custom_pipeline(files, schema, BATCH, num_epochs=1, seed=1),
+        "custom_sequential": input_table.custom_pipeline(files, schema, BATCH, num_epochs=1,
+                                                         parse_parallel=False, prefetch=False),
+    }
+    for name, opts in input_table.OPTIONS:
+        pipelines[name] = input_table.with_options(
+            input_table.package_pipeline(path, BATCH, num_epochs=1), opts)
+    for name, ds in pipelines.items():
+        assert _collect(ds) == collections.Counter(_by_image(arrays["train"]).items()), name
+
+
+def test_raw_read_yields_every_record(tiny):
+    path, arrays = tiny
+    resolved = common.dataset_info(path)
+    sizes, images = [], []
+    for batch in input_table.raw_read_pipeline(resolved.files, BATCH, num_epochs=1):
+        sizes.append(int(batch.shape[0]))
+        parsed = tf.io.parse_example(batch, {IMAGE: tf.io.FixedLenFeature([], tf.string)})
+        images += [bytes(b) for b in parsed[IMAGE].numpy()]
+    assert sum(sizes) == N_TRAIN and max(sizes) == BATCH
+    assert sorted(images) == sorted(_by_image(arrays["train"]))
+
+
+def test_cached_epoch_pipeline_repeats_whole_epochs(tiny):
+    path, arrays = tiny
+    ds = input_table.cached_epoch_pipeline(path, BATCH)
+    batches = -(-N_TRAIN // BATCH)
+    seen = _collect(ds.take(2 * batches))
+    assert seen == collections.Counter({k: 2 for k in _by_image(arrays["train"]).items()})
+
+
+def test_reduce_consumer_counts_only_timed_batches(tiny):
+    path, _ = tiny
+    ds = input_table.package_pipeline(path, BATCH, shuffle="none")
+    consume = input_table.reduce_consumer(ds, skip=2)
+    count, seconds, startup = consume(tf.constant(5, tf.int64))
+    # Batches 3..6 follow the start mark at batch 2; all are full (repeat).
+    assert int(count) == 4 * BATCH
+    assert float(seconds) > 0 and float(startup) >= 0
+
+
+def test_load_arrays_and_subset(tiny, tmp_path):
+    path, arrays = tiny
+    images, labels = common.load_arrays(path, "train")
+    assert images.dtype == np.uint8 and images.shape == (N_TRAIN, 28, 28, 1)
+    assert collections.Counter(_by_image({IMAGE: images, LABEL: labels}).items()) == \
+        collections.Counter(_by_image(arrays["train"]).items())
+    subset = common.subset_dataset(path, 50, str(tmp_path / "subset"))
+    assert common.dataset_info(subset).num_examples == 50
+    assert common.dataset_info(subset, "test").num_examples == N_TEST
+
+
+def test_queue_runner_batches_hold_real_examples(tiny):
+    path, arrays = tiny
+    resolved = common.dataset_info(path)
+    known = _by_image(arrays["train"])
+    graph = tf.Graph()
+    with graph.as_default():
+        fetch = legacy.queue_runner_batch(resolved.files, resolved.schema, BATCH,
+                                          num_threads=2, capacity=64, min_after_dequeue=16,
+                                          seed=1)
+    with legacy.QueueRunnerSession(graph) as sess:
+        for _ in range(3):
+            images, labels = sess.run(fetch)
+            assert images.shape == (BATCH, 28, 28, 1) and images.dtype == np.float32
+            for image, label in zip(images, labels):
+                assert known[image.astype(np.uint8).tobytes()] == label
+
+
+def test_numpy_batcher_covers_each_epoch():
+    images = np.arange(10)[:, None]
+    labels = np.arange(10)
+    batcher = legacy.NumpyBatcher(images, labels, 5, seed=0)
+    first = np.concatenate([batcher.next_batch()[1] for _ in range(2)])
+    second = np.concatenate([batcher.next_batch()[1] for _ in range(2)])
+    assert sorted(first) == list(range(10)) and sorted(second) == list(range(10))
+    x, y = batcher.next_batch()
+    assert (x[:, 0] == y).all()
+
+
+def test_input_variants_measure(tiny, settings):
+    """Every input-table variant builds, warms up and measures on tiny data."""
+    variants = input_table.variants(tiny[0], settings, knobs=False)
+    samples, errors = common.run_alternating(variants, 1, "test")
+    assert not errors
+    assert all(len(s) == 1 and s[0] > 0 for s in samples.values())
+
+
+def test_training_variants_run_a_few_steps(tiny, settings):
+    """Estimator, fit (numpy and dataset), queue-runner and feed_dict loops
+    all train the MLP, alternating in one process."""
+    images, labels = common.load_arrays(tiny[0])
+    variants = training_table.variants("seed_mlp", tiny[0], settings, (images, labels),
+                                       threads=False)
+    for v in variants:
+        v.warm = 2
+    samples, errors = common.run_alternating(variants, 1, "test")
+    assert not errors, errors
+    assert set(samples) == {"estimator", "fit_numpy", "fit_dataset", "queue_runners",
+                            "feed_dict"}
+    assert all(s and s[0] > 0 for s in samples.values())
+    rows = common.rows_from(variants, samples, errors, reference="estimator")
+    assert rows[0]["ratio"] == pytest.approx(1.0)
+
+
+def test_feed_dict_and_queue_runner_loops_lower_the_loss(tiny, settings):
+    images, labels = common.load_arrays(tiny[0])
+    resolved = common.dataset_info(tiny[0])
+    feed = training_table.FeedDictTrainVariant("feed_dict", "seed_mlp", settings,
+                                               (images[:32], labels[:32]), resolved.schema)
+    feed.build()
+    x, y = images[:32].astype("float32"), labels[:32]
+    before = feed.session.run(feed.loss, {feed.images: x, feed.labels: y})
+    feed.warm = 0
+    assert feed._run(30)[0] == 30  # pylint: disable=protected-access
+    after = feed.session.run(feed.loss, {feed.images: x, feed.labels: y})
+    feed.close()
+    assert after < before
+
+
+def test_generated_source_is_deterministic_and_picklable():
+    source = writing_table.GeneratedSource(100, seed=3)
+    a = source.read(np.array([5, 0, 5]))
+    assert a[IMAGE].shape == (3, 28, 28, 1) and a[IMAGE].dtype == np.uint8
+    assert (a[IMAGE][0] == a[IMAGE][2]).all() and not (a[IMAGE][0] == a[IMAGE][1]).all()
+    clone = pickle.loads(pickle.dumps(source))
+    assert len(clone) == 100
+    assert (clone.read(np.array([5]))[IMAGE] == a[IMAGE][:1]).all()
+    assert set(source.features) == {IMAGE, LABEL}
+
+
+def test_writer_child_reports_examples_and_peak_rss(tmp_path):
+    result = writing_table.run_child({"kind": "generated", "n": 300, "workers": 1,
+                                      "out": str(tmp_path / "gen")}, timeout=120)
+    assert result["examples"] == 300 and result["bytes"] > 300 * 784
+    assert result["peak_rss_self_mb"] > 10 and result["peak_rss_wait4_mb"] > 10
+    from estimator_keras import records  # pylint: disable=import-outside-toplevel
+    assert records.load_manifest(str(tmp_path / "gen")).splits["train"].num_examples == 300
+
+
+def test_targets_and_formatting():
+    assert common.target("a", "x", 1.2, 1.0)["met"] is True
+    assert common.target("a", "x", 0.2, 0.1, op="<")["met"] is False
+    assert common.target("a", "x", 0.3, 0.3, op="<=")["met"] is True
+    assert common.target("a", "x", None, 1.0)["met"] is None
+    text = common.format_table({
+        "table": "t", "title": "demo", "unit": "u/s",
+        "rows": [{"name": "a", "median": 1234.5, "min": 1000.0, "max": 1500.0, "ratio": 1.0}],
+        "targets": [common.target("t.x", "a ratio", 1.0, 0.9)]})
+    assert "1,234" in text and "1.00x" in text and "MET" in text
+
+
+def test_cli_quick_input_writes_json(tiny, tmp_path):
+    out = tmp_path / "out.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--tables", "input", "--data-dir",
+         tiny[0], "--json", str(out), "--repeats", "1", "--window", "0.01",
+         "--workdir", str(tmp_path / "work")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"command", "started", "finished", "settings", "machine"} <= set(result["meta"])
+    assert result["meta"]["machine"]["nproc"] >= 1
+    table = result["tables"]["input"]
+    names = {row["name"] for row in table["rows"]}
+    assert {"default", "raw_read", "guide_recipe", "per_record_parse", "queue_runners",
+            "feed_dict", "pkg cycle_length=1"} <= names
+    for row in table["rows"]:
+        assert row["median"] > 0 and row["samples"] and row["consumed"], row
+    assert {t["id"] for t in table["targets"]} >= {"input.default_abs", "input.vs_raw_0.5",
+                                                   "input.vs_guide", "input.vs_queue_runners"}
+    assert "== input" in proc.stdout and "target input.default_abs" in proc.stdout
+
+
+def test_cli_rejects_unknown_table():
+    from benchmarks import cli  # pylint: disable=import-outside-toplevel
+    with pytest.raises(SystemExit):
+        cli.parse_tables("input,nope")

@@ -1,0 +1,422 @@
+"""End-to-end distributed training on real local clusters (127.0.0.1).
+
+Each cluster test runs ``python -m experiments cluster ...`` as a child process,
+bounded by a timeout, and afterwards checks by PID and by a /proc scan for the
+test's unique model dir that no task survived. The pipeline test checks the
+file split between input pipelines in-process on a tiny dataset of ids.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from estimator_keras import inputs, records
+from estimator_keras.cluster import ClusterInfo
+from experiments import registry
+from experiments import train as train_lib
+from support import ROOT, child_env
+
+pytestmark = pytest.mark.slow
+
+PYTHON = sys.executable
+EXPERIMENT = "fashion_mnist_mlp"
+STARTED = re.compile(r"Started (\w+-\d+) \(pid (\d+)\)")
+
+
+# --------------------------------------------------------------------------- helpers
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    # Prepared once: otherwise every cluster's chief prepares it while the
+    # other tasks wait for the manifest.
+    root = tmp_path_factory.mktemp("data")
+    done = subprocess.run(
+        [PYTHON, "-m", "experiments", "prepare", "fashion_mnist", "--data-dir", str(root)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(root)
+
+
+def _env():
+    # No inherited TF_CONFIG: the launcher gives each task its own.
+    return child_env(PYTHONHASHSEED="0")
+
+
+def _processes_mentioning(text):
+    """PIDs (other than this process) whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append((int(entry), cmdline.strip()))
+    return found
+
+
+def _kill_leftovers(text):
+    left = _processes_mentioning(text)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+class Cluster:
+    """One run of the `cluster` command, bounded by ``bound`` seconds."""
+
+    def __init__(self, model_dir, log_dir, cluster_flags, train_flags, timeout=150):
+        self.model_dir = str(model_dir)
+        self.log_dir = str(log_dir)
+        self.out_path = os.path.join(str(log_dir) + ".launcher.out")
+        self.command = [PYTHON, "-m", "experiments", "cluster", EXPERIMENT, *cluster_flags,
+                        "--model-dir", self.model_dir, "--log-dir", self.log_dir,
+                        "--timeout", str(timeout), "--evaluator-grace", "60", "--quiet",
+                        *train_flags]
+        # The launcher's own limit plus its stop time (SIGTERM, 5 s, SIGKILL).
+        self.bound = timeout + 45
+        self.proc = None
+
+    def start(self):
+        self.out = open(self.out_path, "w", encoding="utf-8")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(self.command, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL,
+                                     stdout=self.out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def wait(self):
+        try:
+            self.returncode = self.proc.wait(timeout=max(1, self.bound - self.elapsed()))
+        except subprocess.TimeoutExpired:
+            # SIGTERM lets the launcher stop its tasks (they run in their own
+            # sessions, so killing the launcher alone would orphan them).
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.out.close()
+            left = _kill_leftovers(self.model_dir)
+            pytest.fail(f"`cluster` did not exit within {self.bound} s; leftovers killed: "
+                        f"{left}\n{self.output()[-3000:]}")
+        self.out.close()
+        self.wall = self.elapsed()
+        return self
+
+    def run(self):
+        return self.start().wait()
+
+    def elapsed(self):
+        return time.monotonic() - self.started_at
+
+    def output(self):
+        with open(self.out_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def pids(self):
+        return {name: int(pid) for name, pid in STARTED.findall(self.output())}
+
+    def log(self, task):
+        with open(os.path.join(self.log_dir, f"{task}.log"), encoding="utf-8",
+                  errors="replace") as f:
+            return f.read()
+
+    def assert_nothing_left(self):
+        survivors = []
+        for name, pid in self.pids().items():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if self.model_dir.encode() in f.read():
+                        survivors.append(f"{name} (pid {pid})")
+            except OSError:
+                pass  # gone
+        left = _kill_leftovers(self.model_dir)
+        assert not survivors and not left, f"still running: {survivors} {left}"
+
+
+def _train_flags(data_dir, max_steps, eval_every, *more, log_every=20):
+    return ["--data-dir", data_dir, "--max-steps", str(max_steps), "--eval-every",
+            str(eval_every), "--batch-size", "32", "--hparams", f"log_every_steps={log_every}",
+            *more]
+
+
+def _assert_rates(log, examples_per_step):
+    """Every progress line's examples/s is its steps/s times the examples one
+    global step consumes."""
+    rates = re.findall(r"([\d.]+) steps/s, ([\d,]+) examples/s", log)
+    assert rates, log[-2000:]
+    for steps, examples in rates:
+        assert abs(float(steps) * examples_per_step - float(examples.replace(",", ""))) <= \
+            examples_per_step, (steps, examples)
+
+
+def _global_step(model_dir):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    checkpoint = tf.train.latest_checkpoint(model_dir)
+    assert checkpoint, f"no checkpoint in {model_dir}"
+    reader = tf.train.load_checkpoint(checkpoint)
+    # Object-based checkpoints name it after the Estimator's tracked variable.
+    key = next(k for k in ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step")
+               if reader.has_tensor(k))
+    return int(reader.get_tensor(key)), checkpoint
+
+
+def _load_in_plain_keras(export_dir, cwd):
+    """Loads model.h5 and weights.h5 in a fresh interpreter that cannot import
+    this package, and returns what it saw."""
+    code = textwrap.dedent(f"""
+        import importlib.util, json
+        import numpy as np
+        import tensorflow as tf
+        assert importlib.util.find_spec("estimator_keras") is None
+        assert importlib.util.find_spec("experiments") is None
+        model = tf.keras.models.load_model({os.path.join(export_dir, 'model.h5')!r},
+                                           compile=False)
+        probs = model.predict(np.zeros((2, 28, 28, 1), np.uint8), verbose=0)
+        twin = tf.keras.models.clone_model(model)
+        twin.load_weights({os.path.join(export_dir, 'weights.h5')!r})
+        same = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), twin.get_weights()))
+        print(json.dumps({{"inputs": model.input_names, "shape": list(probs.shape),
+                           "sums": probs.sum(axis=1).tolist(), "weights_equal": same}}))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    done = subprocess.run([PYTHON, "-I", "-c", code], cwd=str(cwd), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _files_named(root, predicate):
+    return sorted(os.path.relpath(os.path.join(d, n), root)
+                  for d, dirs, files in os.walk(root) for n in dirs + files if predicate(n))
+
+
+# --------------------------------------------------------------------------- ps
+
+def test_parameter_server_cluster_with_evaluator(data_dir, tmp_path):
+    model_dir = tmp_path / "ps-model"
+    # 1000 steps: the worker starts 5 s after the chief (the Estimator's
+    # per-index delay), so it needs a run long enough to join the training.
+    max_steps = 1000
+    run = Cluster(model_dir, tmp_path / "ps-logs", ["--workers", "1", "--ps", "1", "--evaluator"],
+                  _train_flags(data_dir, max_steps, 500, log_every=50)).run()
+    try:
+        assert run.returncode == 0, run.output()[-3000:]
+        assert set(run.pids()) == {"chief-0", "worker-0", "ps-0", "evaluator-0"}
+        out = run.output()
+        assert re.search(r"ps-0\s+ended by the launcher", out), out[-2000:]
+        assert re.search(r"evaluator-0\s+exited with status 0", out), out[-2000:]
+        logs = {t: run.log(t) for t in run.pids()}
+    finally:
+        run.assert_nothing_left()
+
+    # Asynchronous updates: a task can take one more step on a stale read of
+    # the global step, so the end may overshoot by up to one step per trainer.
+    step, checkpoint = _global_step(str(model_dir))
+    assert max_steps <= step <= max_steps + 2, step
+    for task in ("chief-0", "worker-0", "ps-0"):
+        assert "strategy parameter_server" in logs[task], logs[task][-1000:]
+    assert re.search(r"\[worker-0\] (step|trained to step) \d+", logs["worker-0"]), \
+        "the worker never trained:\n" + logs["worker-0"][-2000:]
+    # Asynchronous: one global step is one batch of one task, whatever the
+    # number of workers.
+    _assert_rates(logs["chief-0"], 32)
+
+    # The evaluator builds no training strategy and reports its evaluations,
+    # the last one of the final checkpoint.
+    evaluator = logs["evaluator-0"]
+    assert "[evaluator-0] experiment fashion_mnist_mlp: strategy none" in evaluator
+    evaluated = [int(s) for s in re.findall(r"evaluated step (\d+): accuracy \d\.\d+", evaluator)]
+    assert evaluated and max(evaluated) >= max_steps, evaluator[-2000:]
+
+    # Only the chief exports and prints the final summary, exactly once.
+    assert logs["chief-0"].count("final metrics:") == 1
+    assert logs["chief-0"].count("exported:") == 1
+    for task in ("worker-0", "ps-0", "evaluator-0"):
+        assert "final metrics:" not in logs[task] and "exported" not in logs[task], task
+    assert _files_named(str(model_dir), lambda n: "export" in n) == ["export", "export/export.json"]
+    assert _files_named(str(model_dir), lambda n: n in ("model.h5", "weights.h5",
+                                                        "saved_model")) == [
+        "export/model.h5", "export/saved_model", "export/weights.h5"]
+    with open(model_dir / "export" / "export.json") as f:
+        info = json.load(f)
+    assert info["checkpoint"] == checkpoint and info["global_step"] == step
+
+    loaded = _load_in_plain_keras(str(model_dir / "export"), tmp_path)
+    assert loaded["inputs"] == ["image"] and loaded["shape"] == [2, 10]
+    assert np.allclose(loaded["sums"], 1.0, atol=1e-5) and loaded["weights_equal"]
+
+
+# --------------------------------------------------------------------------- multi-worker
+
+def test_multi_worker_mirrored_export_equals_last_checkpoint(data_dir, tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    model_dir = tmp_path / "mwms-model"
+    # The explicit strategy reaches the evaluator too, which must not build it
+    # (TensorFlow would fail with KeyError: 'evaluator').
+    run = Cluster(model_dir, tmp_path / "mwms-logs", ["--workers", "1", "--evaluator"],
+                  _train_flags(data_dir, 60, 30, "--strategy", "multi_worker_mirrored")).run()
+    try:
+        assert run.returncode == 0, run.output()[-3000:]
+        assert set(run.pids()) == {"chief-0", "worker-0", "evaluator-0"}
+        logs = {t: run.log(t) for t in run.pids()}
+    finally:
+        run.assert_nothing_left()
+
+    for task in ("chief-0", "worker-0"):
+        assert "strategy multi_worker_mirrored" in logs[task] and "(2 replica(s))" in logs[task]
+    assert "[evaluator-0] experiment fashion_mnist_mlp: strategy none" in logs["evaluator-0"]
+    assert "evaluated step 60: accuracy" in logs["evaluator-0"], logs["evaluator-0"][-2000:]
+    _assert_rates(logs["chief-0"], 64)  # synchronous: 2 replicas x 32 per step
+    assert "final metrics:" in logs["chief-0"]
+    for task in ("worker-0", "evaluator-0"):
+        assert "final metrics:" not in logs[task] and "exported" not in logs[task], task
+    # Synchronous training: exactly max_steps.
+    step, checkpoint = _global_step(str(model_dir))
+    assert step == 60
+    assert _files_named(str(model_dir), lambda n: n.startswith("tmp_worker")) == []
+    assert _files_named(str(model_dir), lambda n: "export" in n) == ["export", "export/export.json"]
+
+    reader = tf.train.load_checkpoint(checkpoint)
+    model = tf.keras.models.load_model(str(model_dir / "export" / "model.h5"), compile=False)
+    dense = [layer for layer in model.layers if layer.weights]
+    assert len(dense) == 3
+    for i, layer in enumerate(dense):
+        for name, value in (("kernel", layer.kernel), ("bias", layer.bias)):
+            saved = reader.get_tensor(f"layer_with_weights-{i}/{name}/.ATTRIBUTES/VARIABLE_VALUE")
+            np.testing.assert_array_equal(value.numpy(), saved, err_msg=f"{layer.name}/{name}")
+
+
+# --------------------------------------------------------------------------- input split
+
+@pytest.fixture(scope="module")
+def id_datasets(tmp_path_factory):
+    """Train splits of 203 records (ids 0..202) in 5 files and in 1 file."""
+    root = tmp_path_factory.mktemp("ids")
+    n = 203
+    arrays = {"id": np.arange(n, dtype=np.int64), "label": np.arange(n, dtype=np.int64) % 3}
+    paths = {}
+    for shards in (5, 1):
+        path = str(root / f"ids-{shards}")
+        records.write_dataset({"train": arrays, "test": arrays}, path,
+                              num_shards={"train": shards, "test": 1}, progress=False)
+        paths[shards] = path
+    return paths, n
+
+
+def _ids(dataset):
+    seen = []
+    for features, _ in dataset:
+        seen.extend(int(v) for v in features["id"].numpy().reshape(-1))
+    return seen
+
+
+def _assert_exact_cover(parts, n):
+    assert all(parts), f"an input pipeline read nothing: sizes {[len(p) for p in parts]}"
+    everything = sorted(i for part in parts for i in part)
+    assert everything == list(range(n)), (
+        f"read {len(everything)} ids for {n} examples; duplicates "
+        f"{sorted({i for i in everything if everything.count(i) > 1})[:10]}, missing "
+        f"{sorted(set(range(n)) - set(everything))[:10]}")
+
+
+@pytest.mark.parametrize("shards", [5, 1])
+def test_ps_tasks_split_the_training_data(id_datasets, shards, monkeypatch):
+    paths, n = id_datasets
+    config = registry.ExperimentConfig(
+        name="ids", description="ids",
+        data=registry.DataConfig(dataset="ids", features={"id": "id"}, label="label"),
+        train=registry.TrainConfig(batch_size=16))
+    real = inputs.make_input_fn
+
+    def one_epoch(*args, **kwargs):
+        if kwargs.get("training"):
+            kwargs["num_epochs"] = 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_lib.inputs, "make_input_fn", one_epoch)
+    spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    parts = []
+    for task in ("chief", "worker"):
+        train_fn, _ = train_lib.input_fns(config, paths[shards], ClusterInfo(spec, task, 0))
+        parts.append(_ids(train_fn()))
+    _assert_exact_cover(parts, n)
+    # The evaluator reads the whole eval split; a ps builds its pipelines too.
+    for task in ("evaluator", "ps"):
+        train_fn, eval_fn = train_lib.input_fns(config, paths[shards], ClusterInfo(spec, task, 0))
+        assert sorted(_ids(eval_fn())) == list(range(n))
+
+
+@pytest.mark.parametrize("shards", [5, 1])
+def test_multi_worker_pipelines_split_the_training_data(id_datasets, shards):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    paths, n = id_datasets
+    input_fn = inputs.make_input_fn(paths[shards], 16, training=True, num_epochs=1,
+                                    config=inputs.InputConfig(features={"id": "id"}))
+    parts = [_ids(input_fn(input_context=tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)))
+        for i in range(2)]
+    _assert_exact_cover(parts, n)
+
+
+# --------------------------------------------------------------------------- failure
+
+def test_killed_worker_fails_the_run_and_a_rerun_resumes(data_dir, tmp_path):
+    model_dir = tmp_path / "kill-model"
+    max_steps, every = 600, 100
+    flags = (["--workers", "1"],
+             _train_flags(data_dir, max_steps, every, "--strategy", "multi_worker_mirrored",
+                          log_every=50))
+    first = Cluster(model_dir, tmp_path / "kill-logs-1", *flags, timeout=120).start()
+    try:
+        # Mid-training: once the first checkpoint after step 0 is on disk.
+        deadline = time.monotonic() + 120
+        while not (model_dir / f"model.ckpt-{every}.index").exists():
+            assert first.proc.poll() is None, "the run ended early:\n" + first.output()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint:\n" + first.output()[-3000:]
+            time.sleep(0.05)
+        worker = first.pids()["worker-0"]
+        os.kill(worker, signal.SIGKILL)
+        killed_at = time.monotonic()
+        first.wait()
+        # The launcher notices at once; stopping the rest takes at most its
+        # SIGTERM grace (5 s) plus reaping.
+        assert time.monotonic() - killed_at < 30
+        assert first.returncode == 1, first.output()[-3000:]
+        assert "task worker-0 was killed by signal SIGKILL (9)" in first.output()
+    finally:
+        first.assert_nothing_left()
+    before, _ = _global_step(str(model_dir))
+    assert every <= before < max_steps
+
+    second = Cluster(model_dir, tmp_path / "kill-logs-2", *flags, timeout=120).run()
+    try:
+        assert second.returncode == 0, second.output()[-3000:]
+        chief = second.log("chief-0")
+    finally:
+        second.assert_nothing_left()
+    assert f"resuming from {model_dir}/model.ckpt-{before}" in chief, chief[-2000:]
+    steps = [int(s) for s in re.findall(r"\] step (\d+)", chief)]
+    assert steps and min(steps) > before, steps
+    step, _ = _global_step(str(model_dir))
+    assert step == max_steps
+    assert _files_named(str(model_dir), lambda n: n.startswith("tmp_worker")) == []

@@ -1,0 +1,232 @@
+"""Tests of estimator_keras.inputs: the tf.data pipeline over TFRecord shards.
+
+Every example carries a unique ``id`` so that tests can count exactly what a
+pipeline yields; datasets are a few dozen tiny examples.
+"""
+
+import collections
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from support import flip_byte_in_record
+from estimator_keras.errors import SchemaError
+from estimator_keras.inputs import InputConfig, make_dataset, make_input_fn
+from estimator_keras.records import RecordFiles, write_records
+from estimator_keras.schema import FeatureSpec, encode_example
+from estimator_keras.sources import ImageFolderSource
+
+
+def _ids(dataset):
+    """The ids a dataset yields, in order, when ``id`` is its label."""
+    return [int(i) for _, labels in dataset for i in labels.numpy()]
+
+
+def _file_order(directory):
+    """The ids of a dataset's shards read raw, shard after shard."""
+    names = sorted(n for n in os.listdir(directory) if ".tfrecord" in n)
+    return [tf.train.Example.FromString(r.numpy()).features.feature["id"].int64_list.value[0]
+            for n in names for r in tf.data.TFRecordDataset(os.path.join(directory, n))]
+
+
+# --------------------------------------------------------------------------- sharding
+
+@pytest.mark.parametrize("num_files,num_pipelines,seed", [
+    (5, 2, 0), (5, 2, None),          # files split between pipelines
+    (1, 2, None), (3, 4, None),       # fewer files than pipelines: records split
+])
+@pytest.mark.parametrize("how", ["input_context", "shard"])
+def test_pipelines_together_see_each_example_once(tiny_dataset, caplog, how, num_files,
+                                                  num_pipelines, seed):
+    directory, _ = tiny_dataset(n=45, num_shards=num_files)
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="estimator_keras.inputs"):
+        for index in range(num_pipelines):
+            if how == "input_context":
+                kwargs = {"input_context": tf.distribute.InputContext(
+                    num_input_pipelines=num_pipelines, input_pipeline_id=index,
+                    num_replicas_in_sync=num_pipelines)}
+            else:
+                kwargs = {"shard": (num_pipelines, index)}
+            seen.append(_ids(make_dataset(directory, 4, training=True, num_epochs=1,
+                                          features=["vec"], label="id", seed=seed,
+                                          **kwargs)))
+    assert sorted(i for ids in seen for i in ids) == list(range(45))
+    assert all(ids for ids in seen)
+    record_path = any("sharding by record" in r.getMessage() for r in caplog.records)
+    assert record_path == (num_files < num_pipelines)
+
+
+def test_record_sharded_pipelines_over_two_epochs(tiny_dataset):
+    directory, _ = tiny_dataset(n=45, num_shards=2)
+    counts = collections.Counter()
+    for index in range(3):
+        counts.update(_ids(make_dataset(directory, 4, training=True, num_epochs=2,
+                                        features=["vec"], label="id", shard=(3, index))))
+    assert sorted(counts) == list(range(45)) and set(counts.values()) == {2}
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def test_evaluation_reads_every_example_once_in_order(tiny_dataset):
+    directory, _ = tiny_dataset(n=43, num_shards=3, shuffle=False)
+    batches = list(make_dataset(directory, 8, training=False, split="train",
+                                features=["vec"], label="id"))
+    assert [int(b[1].shape[0]) for b in batches] == [8, 8, 8, 8, 8, 3]
+    assert [int(i) for b in batches for i in b[1].numpy()] == list(range(43))
+
+    shuffled, _ = tiny_dataset(n=43, num_shards=3, name="shuffled")
+    order = _ids(make_dataset(shuffled, 8, training=False, split="train",
+                              features=["vec"], label="id"))
+    assert order == _file_order(shuffled) and order != sorted(order)
+    # The same through an Estimator input_fn; the default split for
+    # evaluation is "test", which this dataset lacks.
+    input_fn = make_input_fn(shuffled, 8, training=False, split="train", features=["vec"],
+                             label="id")
+    assert _ids(input_fn()) == order
+
+
+# --------------------------------------------------------------------------- shuffling
+
+@pytest.mark.parametrize("mode", ["batch", "record", "none"])
+def test_training_epoch_sees_each_example_once(tiny_dataset, mode):
+    directory, _ = tiny_dataset(n=60, num_shards=5)
+
+    def epoch(seed, **kwargs):
+        return _ids(make_dataset(directory, 4, training=True, num_epochs=1, shuffle=mode,
+                                 seed=seed, features=["vec"], label="id", **kwargs))
+
+    one, again, two = epoch(1), epoch(1), epoch(2)
+    for order in (one, two):
+        assert sorted(order) == list(range(60))
+    assert one == again
+    if mode == "none":
+        # 12 records a shard fit in one block: files come whole, in order.
+        assert one == two == _file_order(directory)
+        assert epoch(None, cycle_length=1, block_length=5) == one
+    else:
+        assert one != two
+        assert one != _file_order(directory)
+
+
+def test_training_repeats_forever_by_default(tiny_dataset):
+    directory, _ = tiny_dataset(n=10, num_shards=2)
+    dataset = make_dataset(directory, 4, training=True, seed=0, features=["vec"], label="id")
+    counts = collections.Counter(_ids(dataset.take(25)))  # 100 examples: ten epochs
+    assert sorted(counts) == list(range(10)) and sum(counts.values()) == 100
+
+
+# --------------------------------------------------------------------------- features
+
+def test_features_map_to_model_inputs(tiny_dataset):
+    directory, arrays = tiny_dataset(n=20, num_shards=2)
+    config = InputConfig(features={"pixels": "image", "ident": "id", "title": "name"},
+                         label="label")
+    dataset = make_dataset(directory, 6, training=False, split="train", config=config)
+    seen = 0
+    for features, labels in dataset:
+        assert set(features) == {"pixels", "ident", "title"}
+        ids = features["ident"].numpy().astype(int)
+        assert np.array_equal(features["pixels"].numpy(), arrays["image"][ids])
+        assert features["title"].numpy().tolist() == arrays["name"][ids].tolist()
+        assert labels.dtype == tf.int64
+        assert labels.numpy().tolist() == arrays["label"][ids].tolist()
+        seen += len(ids)
+    assert seen == 20
+
+    only_features = make_dataset(directory, 6, training=False, split="train",
+                                 features={"a": "vec", "b": "image"}, label=None)
+    assert set(only_features.element_spec) == {"a", "b"}
+    first = next(iter(only_features))
+    assert first["a"].shape == (6, 3) and first["b"].shape == (6, 4, 3, 1)
+
+    with pytest.raises(SchemaError) as info:
+        make_dataset(directory, 6, training=True, features={"pixels": "img"})
+    assert "'img'" in str(info.value)
+    assert "['id', 'image', 'label', 'name', 'vec']" in str(info.value)
+    with pytest.raises(SchemaError) as info:
+        make_input_fn(directory, 6, training=True, features=["vec"], label="target")
+    assert "'target'" in str(info.value) and "'label'" in str(info.value)
+
+
+def test_scale(tiny_dataset):
+    directory, arrays = tiny_dataset(n=12, num_shards=1)
+    features, labels = next(iter(make_dataset(
+        directory, 12, training=False, split="train", features=["image", "id"],
+        label="label", scale=1 / 255)))
+    ids = np.rint(features["id"].numpy() * 255).astype(int)
+    assert sorted(ids.tolist()) == list(range(12))
+    np.testing.assert_allclose(features["image"].numpy(),
+                               arrays["image"][ids].astype(np.float32) / 255, rtol=1e-6)
+    assert features["image"].numpy().max() <= 1.0
+    # Labels are never scaled.
+    assert labels.numpy().tolist() == arrays["label"][ids].tolist()
+
+
+def test_png_images_decode_exactly(tmp_path):
+    rng = np.random.default_rng(3)
+    originals = {}
+    for label, cls in enumerate(("cat", "dog")):
+        (tmp_path / "images" / cls).mkdir(parents=True)
+        for k in range(3):
+            image = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+            (tmp_path / "images" / cls / f"{k}.png").write_bytes(
+                tf.io.encode_png(image).numpy())
+            originals[image.tobytes()] = label
+    source = ImageFolderSource(str(tmp_path / "images"))
+    assert source.features["image"].encoding == "png"
+    write_records(source, tmp_path / "ds", num_shards=2, progress=False)
+    got = {}
+    for features, labels in make_dataset(str(tmp_path / "ds"), 4, training=False,
+                                         split="train", features=["image"]):
+        images = features["image"].numpy()
+        assert images.shape[1:] == (5, 7, 3)
+        for image, label in zip(images, labels.numpy()):
+            got[image.astype(np.uint8).tobytes()] = int(label)
+    assert got == originals
+
+
+# --------------------------------------------------------------------------- corruption
+
+def test_skip_corrupt_yields_readable_records(tiny_dataset):
+    directory, _ = tiny_dataset(n=40, num_shards=4)
+    shards = [os.path.join(directory, f"train-0000{i}-of-00004.tfrecord") for i in range(4)]
+    per_shard = [_file_order(directory)[k * 10:(k + 1) * 10] for k in range(4)]
+    flip_byte_in_record(shards[1], 3)
+    bad = per_shard[1][3]
+    readable = set(per_shard[0] + per_shard[2] + per_shard[3] + per_shard[1][:3])
+
+    for training in (False, True):
+        kwargs = {"num_epochs": 1, "seed": 0} if training else {"split": "train"}
+        ids = _ids(make_dataset(directory, 4, training=training, skip_corrupt=True,
+                                features=["vec"], label="id", **kwargs))
+        assert len(ids) == len(set(ids))
+        assert readable <= set(ids) and bad not in ids
+
+        with pytest.raises(tf.errors.DataLossError):
+            _ids(make_dataset(directory, 4, training=training, features=["vec"],
+                              label="id", **kwargs))
+
+
+def test_skip_corrupt_drops_batches_that_do_not_parse(tmp_path):
+    # Whole CRCs around a payload that is not an Example: it reads, then
+    # fails in the one parse op of its batch.
+    schema = {"id": FeatureSpec("id", "int64", (), "int64")}
+    path = str(tmp_path / "mixed.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(12):
+            if i == 5:
+                writer.write(b"not an example")
+            writer.write(encode_example(schema, {"id": np.int64(i)}))
+    files = RecordFiles([path], schema, None)
+    ids = [int(i) for b in make_dataset(files, 4, training=False, skip_corrupt=True,
+                                        features=["id"], label=None)
+           for i in b["id"].numpy()]
+    # Batch 1 holds records 4, the bad one, 5 and 6.
+    assert ids == [0, 1, 2, 3] + list(range(7, 12))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        for _ in make_dataset(files, 4, training=False, features=["id"], label=None):
+            pass
