@@ -228,11 +228,13 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
                        exporters=(), hooks=(), log=None):
     """Trains and evaluates an Estimator; returns the final eval metrics.
 
-    Evaluation runs every time a checkpoint is saved (set the checkpoint
-    interval through :func:`run_config`'s ``save_checkpoints_steps``, which
-    the ``eval_every_steps`` argument here only documents) and once at the
-    end. In a cluster only the evaluator evaluates, so every other task
-    returns None.
+    Evaluation runs every time a checkpoint is saved, so the evaluation
+    interval is the RunConfig's ``save_checkpoints_steps`` (see
+    :func:`run_config`), and once at the end; ``eval_every_steps`` tells the
+    early-stopping hook how often to look. ``exporters`` (e.g.
+    :class:`estimator_keras.export.BestExporter`) run after each evaluation.
+    In a cluster only the evaluator evaluates, so every other task returns
+    None.
 
     Raises:
       NumericalError: the loss became NaN or infinite.

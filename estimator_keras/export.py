@@ -262,3 +262,92 @@ def recover_export(export_dir):
     logger.warning("restored the previous export %s after an interrupted export",
                    export_dir)
     return True
+
+
+BEST_DIR = "best"
+
+
+class BestExporter:
+    """Keeps the Keras export of the best checkpoint by an eval metric.
+
+    Pass it in ``train_and_evaluate(..., exporters=[...])``: after every
+    evaluation it compares the metric with the best so far (remembered in
+    ``BEST_DIR/export.json``, so restarts keep it) and, when better, writes
+    the same files as :func:`export_model` into ``MODEL_DIR/best``.
+
+    Built lazily as a ``tf.estimator.Exporter`` subclass so that importing
+    this module does not import TensorFlow.
+
+    Example::
+
+        best = BestExporter(build_model, "accuracy", higher_is_better=True)
+        train_and_evaluate(est, train_fn, eval_fn, max_steps=5000, exporters=[best])
+    """
+
+    def __new__(cls, model_builder, metric, higher_is_better=True, schema=None,
+                features=None, log=None):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        class _BestExporter(tf.estimator.Exporter):
+            @property
+            def name(self):
+                return "best_keras"
+
+            def export(self, estimator, export_path, checkpoint_path, eval_result,
+                       is_the_final_export):
+                del export_path, is_the_final_export  # we export next to the model dir
+                if metric not in eval_result:
+                    raise ModelDirError(
+                        f"best-model exporter: metric {metric!r} is not among the eval "
+                        f"metrics {sorted(eval_result)}.")
+                value = float(eval_result[metric])
+                target = posixpath.join(estimator.model_dir, BEST_DIR)
+                best = _recorded_metric(target, metric)
+                better = best is None or (value > best if higher_is_better else value < best)
+                if not better:
+                    return None
+                _in_eager_thread(
+                    export_model, model_builder, estimator.model_dir,
+                    checkpoint=checkpoint_path, schema=schema, features=features,
+                    export_dir=target, metadata={
+                        "metrics": {k: float(v) for k, v in eval_result.items()},
+                        "best_metric": metric})
+                (log or logger.info)(f"new best {metric} {value:.4f}: exported {target}")
+                return target
+
+        return _BestExporter()
+
+
+def _in_eager_thread(fn, *args, **kwargs):
+    """Runs fn on a new thread and returns its result. Exporters are called
+    inside the evaluation's finalized graph; the default graph is per thread,
+    so a fresh thread builds the Keras model eagerly, as an export needs."""
+    import threading  # pylint: disable=import-outside-toplevel
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # pylint: disable=broad-except  (re-raised below)
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="keras-export")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _recorded_metric(export_dir, metric):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    path = posixpath.join(export_dir, "export.json")
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            return float(json.load(f)["metrics"][metric])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -191,6 +191,11 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
                 eval_every_steps=config.train.eval_every_steps,
                 batch_size=config.train.batch_size, replicas=replicas,
                 log_every_steps=config.train.log_every_steps, early_stopping=early,
+                exporters=[export_lib.BestExporter(
+                    lambda: experiment.build_model(config.model), config.best_metric,
+                    config.higher_is_better, schema=train_fn.files.schema,
+                    features=config.data.features,
+                    log=lambda m: say(f"[{info.task_name}] {m}"))],
                 log=lambda m: say(f"[{info.task_name}] {m}"))
         except tf.errors.DataLossError as e:
             raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e

@@ -204,8 +204,12 @@ def _load_in_plain_keras(export_dir, cwd):
 
 
 def _files_named(root, predicate):
+    """Matching paths under root, outside ``best/`` (the best-model export,
+    which the evaluator writes after evaluations)."""
     return sorted(os.path.relpath(os.path.join(d, n), root)
-                  for d, dirs, files in os.walk(root) for n in dirs + files if predicate(n))
+                  for d, dirs, files in os.walk(root) for n in dirs + files
+                  if predicate(n) and not os.path.relpath(os.path.join(d, n), root)
+                  .startswith("best"))
 
 
 # --------------------------------------------------------------------------- ps
@@ -255,6 +259,7 @@ def test_parameter_server_cluster_with_evaluator(data_dir, tmp_path):
     assert _files_named(str(model_dir), lambda n: n in ("model.h5", "weights.h5",
                                                         "saved_model")) == [
         "export/model.h5", "export/saved_model", "export/weights.h5"]
+    assert (model_dir / "best" / "model.h5").exists()  # the evaluator's best-model export
     with open(model_dir / "export" / "export.json") as f:
         info = json.load(f)
     assert info["checkpoint"] == checkpoint and info["global_step"] == step

@@ -59,8 +59,19 @@ def trained(tmp_path_factory):
     est = est_lib.to_estimator(model, model_dir, save_checkpoints_steps=60)
     train_fn = inputs.make_input_fn(data_dir, 32, training=True)
     eval_fn = inputs.make_input_fn(data_dir, 32, training=False)
+    seen = []
+
+    class Spy(tf.estimator.Exporter):
+        name = "spy"
+
+        def export(self, estimator, export_path, checkpoint_path, eval_result,
+                   is_the_final_export):
+            seen.append((float(eval_result["accuracy"]), checkpoint_path))
+
+    best = export_lib.BestExporter(_build, "accuracy", schema=train_fn.files.schema,
+                                   features={"image": "image"})
     metrics = est_lib.train_and_evaluate(est, train_fn, eval_fn, max_steps=120,
-                                         log_every_steps=1000)
+                                         log_every_steps=1000, exporters=[best, Spy()])
     export_dir = export_lib.export_model(_build, model_dir, schema=train_fn.files.schema,
                                          features={"image": "image"})
     preds = np.stack([p["probabilities"] for p in est.predict(eval_fn)])
@@ -69,7 +80,7 @@ def trained(tmp_path_factory):
     test = {"image": np.concatenate([f["image"].numpy() for f, _ in in_order]).astype(np.uint8)}
     return {"root": root, "data_dir": data_dir, "model_dir": model_dir,
             "export_dir": export_dir, "metrics": metrics, "preds": preds,
-            "test": test, "estimator": est}
+            "test": test, "estimator": est, "evaluations": seen}
 
 
 def test_training_beats_chance(trained):
@@ -156,6 +167,36 @@ def test_export_is_atomic_and_replaces_previous(trained, tmp_path):
     assert open(os.path.join(target, "weights.h5"), "rb").read() == first
     leftovers = [n for n in os.listdir(tmp_path) if n != "export"]
     assert leftovers == [], leftovers
+
+
+def test_best_exporter_keeps_the_best_evaluation(trained):
+    evaluations = trained["evaluations"]
+    assert len(evaluations) >= 2
+    best_accuracy, best_checkpoint = max(evaluations)
+    info = json.load(open(os.path.join(trained["model_dir"], "best", "export.json")))
+    assert info["metrics"]["accuracy"] == pytest.approx(best_accuracy)
+    assert info["checkpoint"] == best_checkpoint
+    model = tf.keras.models.load_model(
+        os.path.join(trained["model_dir"], "best", "model.h5"), compile=False)
+    reader = tf.train.load_checkpoint(best_checkpoint)
+    np.testing.assert_array_equal(
+        model.layers[2].get_weights()[0],
+        reader.get_tensor("layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def test_early_stopping_ends_training_before_max_steps(trained, tmp_path):
+    tf.keras.utils.set_random_seed(2)
+    model = _build()
+    model.compile(est_lib.legacy_optimizer("adam", 3e-3), "sparse_categorical_crossentropy",
+                  ["accuracy"])
+    est = est_lib.to_estimator(model, str(tmp_path), save_checkpoints_steps=20)
+    # The loss falls, so "no increase in loss for 20 steps" must stop it soon.
+    stop = est_lib.EarlyStopping("loss", patience_steps=20, higher_is_better=True)
+    metrics = est_lib.train_and_evaluate(
+        est, inputs.make_input_fn(trained["data_dir"], 32, training=True),
+        inputs.make_input_fn(trained["data_dir"], 32, training=False),
+        max_steps=2000, eval_every_steps=20, early_stopping=stop, log_every_steps=1000)
+    assert 20 <= metrics["global_step"] <= 200
 
 
 def test_checkpoint_of_other_architecture_is_refused(trained):
