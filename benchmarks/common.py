@@ -250,7 +250,8 @@ def run_alternating(variants, repeats, label):
 def rows_from(variants, samples, errors, reference=None, unit=""):
     """Table rows (dicts) with medians, spread and ratio to ``reference``."""
     rows = []
-    ref = median(samples.get(reference, [])) if reference else None
+    ref_samples = samples.get(reference, []) if reference else []
+    ref = median(ref_samples) if ref_samples else None
     for v in variants:
         s = samples.get(v.name, [])
         row = {"name": v.name, "group": v.group, "description": v.description,
@@ -260,10 +261,23 @@ def rows_from(variants, samples, errors, reference=None, unit=""):
         if v.name in errors:
             row["error"] = errors[v.name]
         if ref and s:
-            row["ratio"] = median(s) / ref
+            row["ratio_of_medians"] = median(s) / ref
+            row["ratio"] = paired_ratio(s, ref_samples)
         row.update(v.extra())
         rows.append(row)
     return rows
+
+
+def paired_ratio(samples, reference_samples):
+    """Median over rounds of (sample / the reference's sample of the same round).
+
+    Samples are listed in round order, so pairing by index compares windows
+    run within one round of each other: on a machine whose speed jumps
+    between states (other jobs starting and stopping), this is steadier than
+    the ratio of two medians, which can each land in a different state.
+    """
+    pairs = [a / b for a, b in zip(samples, reference_samples) if b]
+    return median(pairs) if pairs else None
 
 
 def target(tid, description, value, threshold, op=">="):
@@ -284,6 +298,18 @@ def row_median(rows, name):
         if row["name"] == name:
             return row["median"]
     return None
+
+
+def row_samples(rows, name):
+    for row in rows:
+        if row["name"] == name:
+            return row["samples"]
+    return []
+
+
+def paired(rows, a, b):
+    """Paired ratio (see :func:`paired_ratio`) of rows ``a`` over ``b``."""
+    return paired_ratio(row_samples(rows, a), row_samples(rows, b))
 
 
 def ratio(a, b):

@@ -332,23 +332,23 @@ def run(settings, path=None, models=MODELS, threads=True):
         for row in model_rows:
             row["name"] = f"{model_name} {row['name']}"
         rows.extend(model_rows)
-        med = {r["name"].split(" ", 1)[1]: r["median"] for r in model_rows}
-        est = med.get("estimator")
+        def vs(name, m=model_name):
+            return common.paired(model_rows, f"{m} estimator", f"{m} {name}")
+
         targets += [
             common.target(f"training.{model_name}.vs_fit_numpy",
-                          f"{model_name}: Estimator / Model.fit on numpy",
-                          common.ratio(est, med.get("fit_numpy")), 1.0),
+                          f"{model_name}: Estimator / Model.fit on numpy", vs("fit_numpy"), 1.0),
             common.target(f"training.{model_name}.vs_queue_runners",
-                          f"{model_name}: Estimator / queue-runner loop",
-                          common.ratio(est, med.get("queue_runners")), 1.0),
+                          f"{model_name}: Estimator / queue-runner loop", vs("queue_runners"),
+                          1.0),
             common.target(f"training.{model_name}.vs_feed_dict",
-                          f"{model_name}: Estimator / feed_dict loop",
-                          common.ratio(est, med.get("feed_dict")), 0.95),
+                          f"{model_name}: Estimator / feed_dict loop", vs("feed_dict"), 0.95),
         ]
     return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "window_steps"],
             "targets": targets, "dataset": path, "load_before": load_start,
             "load_after": common.load_average(),
-            "notes": ["ratio = median / median of the same model's `estimator` row",
+            "notes": ["ratio = median over rounds of (rate / the same model's `estimator` "
+                      "rate in the same round); targets use the same paired ratios",
                       "each window: untimed warm-up steps, then timed steps; graph build "
                       "and session start between windows are not timed"]}

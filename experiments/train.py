@@ -9,6 +9,7 @@ Example::
     print(result.metrics, result.export_dir)
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -140,16 +141,20 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     replicas = cluster_lib.num_replicas(distribute)
+
+    def log(message):
+        say(f"[{info.task_name}] {message}")
+
     if strategy_name == "parameter_server":
         # Asynchronous updates: every worker step is one global step of one
         # batch, so examples/s = global steps/s x batch size, with no replica
         # factor (one would double-count).
-        say(f"[{info.task_name}] experiment {config.name}: strategy {strategy_name}, batch "
-            f"size {config.train.batch_size} per update, {info.num_workers} training "
-            f"task(s) updating asynchronously")
+        log(f"experiment {config.name}: strategy {strategy_name}, batch size "
+            f"{config.train.batch_size} per update, {info.num_workers} training task(s) "
+            f"updating asynchronously")
     else:
-        say(f"[{info.task_name}] experiment {config.name}: strategy {strategy_name}, batch "
-            f"size {config.train.batch_size} per replica, {config.train.batch_size * replicas} "
+        log(f"experiment {config.name}: strategy {strategy_name}, batch size "
+            f"{config.train.batch_size} per replica, {config.train.batch_size * replicas} "
             f"global ({replicas} replica(s))")
 
     dataset_path = ensure_data(config, data_dir, source_dir, is_chief=info.is_chief,
@@ -161,6 +166,9 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     if skip_corrupt and info.is_chief:
         _report_corrupt(train_fn.files)
 
+    def build():
+        return experiment.build_model(config.model)
+
     lock = ModelDirLock(model_dir) if info.is_chief else None
     if lock:
         lock.acquire()
@@ -171,64 +179,72 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
             export_lib.recover_export(posixpath.join(str(model_dir), export_lib.EXPORT_DIR))
         latest = tf.train.latest_checkpoint(str(model_dir))
         if latest:
-            export_lib.check_compatible(experiment.build_model(config.model), latest)
-            say(f"[{info.task_name}] resuming from {latest}")
+            export_lib.check_compatible(build(), latest)
+            log(f"resuming from {latest}")
         estimator = est_lib.to_estimator(model, config=est_lib.run_config(
             model_dir, save_checkpoints_steps=config.train.eval_every_steps,
             keep_checkpoint_max=config.train.keep_checkpoint_max,
             log_every_steps=config.train.log_every_steps, train_distribute=distribute,
             seed=config.train.seed))
         if info.is_evaluator:
-            _log_evaluations(estimator, lambda m: say(f"[{info.task_name}] {m}"))
+            _log_evaluations(estimator, log)
         early = None
         if config.train.early_stopping_steps:
             early = est_lib.EarlyStopping(config.best_metric,
                                           config.train.early_stopping_steps,
                                           config.higher_is_better)
-        try:
+        best = export_lib.BestExporter(build, config.best_metric, config.higher_is_better,
+                                       schema=train_fn.files.schema,
+                                       features=config.data.features, log=log)
+        with _data_errors_explained(dataset_path, train_fn, eval_fn):
             metrics = est_lib.train_and_evaluate(
                 estimator, train_fn, eval_fn, max_steps=config.train.max_steps,
                 eval_every_steps=config.train.eval_every_steps,
                 batch_size=config.train.batch_size, replicas=replicas,
                 log_every_steps=config.train.log_every_steps, early_stopping=early,
-                exporters=[export_lib.BestExporter(
-                    lambda: experiment.build_model(config.model), config.best_metric,
-                    config.higher_is_better, schema=train_fn.files.schema,
-                    features=config.data.features,
-                    log=lambda m: say(f"[{info.task_name}] {m}"))],
-                log=lambda m: say(f"[{info.task_name}] {m}"))
-        except tf.errors.DataLossError as e:
-            raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e
-        except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as e:
-            # Records that frame correctly but do not parse to the schema.
-            raise DataError(
-                f"training stopped: records in {dataset_path} do not match the "
-                f"dataset's schema ({records.short_tf_error(e)}). Check them with `python -m "
-                f"experiments inspect {dataset_path} --verify`, or rerun with "
-                f"--skip-corrupt to drop the batches that fail.") from e
-        if not info.is_chief:
-            export_dir = None
+                exporters=[best], log=log)
         if info.is_chief:
             if metrics is None:
                 # In a cluster only the evaluator evaluates; the chief's
                 # summary needs the final numbers too.
                 metrics = _plain(estimator.evaluate(eval_fn))
             export_dir = export_lib.export_model(
-                lambda: experiment.build_model(config.model), model_dir,
-                schema=train_fn.files.schema, features=config.data.features,
-                export_dir=export_dir,
+                build, model_dir, schema=train_fn.files.schema,
+                features=config.data.features, export_dir=export_dir,
                 metadata={"experiment": config.name, "metrics": metrics,
                           "dataset": dataset_path})
             if tensorboard_dir and tensorboard_dir.rstrip("/") != str(model_dir).rstrip("/"):
                 _copy_summaries(model_dir, tensorboard_dir)
-        elif info.task_type == "worker" and strategy_name == "multi_worker_mirrored":
-            _remove_scratch(model_dir, info)
+        else:
+            export_dir = None
+            if info.task_type == "worker" and strategy_name == "multi_worker_mirrored":
+                _remove_scratch(model_dir, info)
         step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
         return TrainResult(metrics, export_dir, step, info.task_name,
                            time.monotonic() - start)
     finally:
         if lock:
             lock.release()
+
+
+@contextlib.contextmanager
+def _data_errors_explained(dataset_path, train_fn, eval_fn):
+    """TensorFlow's data errors -> messages naming the files and the fix."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e
+    except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as e:
+        # Records that frame correctly but do not parse to the schema (a
+        # record that is no tf.train.Example at all makes TensorFlow fail
+        # to decode its own message: UnicodeDecodeError).
+        raise DataError(
+            f"training stopped: records in {dataset_path} do not match the dataset's "
+            f"schema ({records.short_tf_error(e)}). Check them with `python -m "
+            f"experiments inspect {dataset_path} --verify`, or rerun with "
+            f"--skip-corrupt to drop the batches that fail.") from e
 
 
 def _copy_summaries(model_dir, tensorboard_dir):
