@@ -179,9 +179,12 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     # Build next to the destination when local (one rename swaps it in),
     # else locally and copy: h5py cannot write to gs://.
     stage_root = parent if not _is_remote(export_dir) else None
+    # Named after the target: the evaluator's best export and the chief's
+    # final one may be staged in the same folder at the same time.
+    prefix = f".{posixpath.basename(export_dir.rstrip('/'))}.tmp-"
     if stage_root:
-        _remove_stale_staging(stage_root)
-    staging = tempfile.mkdtemp(prefix=".export-tmp-", dir=stage_root)
+        _remove_stale_staging(stage_root, prefix)
+    staging = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=stage_root)
     # mkdtemp makes it owner-only; the export is for everyone the umask allows.
     umask = os.umask(0)
     os.umask(umask)
@@ -212,10 +215,16 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     return export_dir
 
 
-def _remove_stale_staging(parent):
-    """Staging dirs of exports that were killed midway; never a complete export."""
+def _remove_stale_staging(parent, prefix):
+    """Staging dirs of exports to the same target whose process is gone
+    (killed midway); never a complete export."""
+    from estimator_keras.modeldir import pid_alive  # pylint: disable=import-outside-toplevel
+
     for name in os.listdir(parent):
-        if name.startswith(".export-tmp-"):
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or not pid_alive(int(pid)) or int(pid) == os.getpid():
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 

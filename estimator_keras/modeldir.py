@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 LOCK_NAME = ".train.lock"
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
+    """True when a process with this PID runs on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -61,7 +62,7 @@ class ModelDirLock:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 owner = self._read_owner()
-                if owner and owner.get("host") == me["host"] and _pid_alive(owner.get("pid", -1)):
+                if owner and owner.get("host") == me["host"] and pid_alive(owner.get("pid", -1)):
                     raise ModelDirError(
                         f"model dir {self.model_dir} is in use by process "
                         f"{owner['pid']} (started {time.ctime(owner.get('time', 0))}); "

@@ -46,6 +46,17 @@ def kill_group(proc):
     proc.wait(timeout=30)
 
 
+def latest_step(model_dir):
+    """Step of the checkpoint the model dir's ``checkpoint`` file names (what
+    a restart restores), or None."""
+    path = os.path.join(str(model_dir), "checkpoint")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        match = re.search(r'^model_checkpoint_path: ".*?model\.ckpt-(\d+)"', f.read(), re.M)
+    return int(match.group(1)) if match else None
+
+
 def checkpoint_steps(model_dir):
     """Steps of the checkpoints in model_dir, ascending."""
     model_dir = str(model_dir)
@@ -54,13 +65,19 @@ def checkpoint_steps(model_dir):
         re.match(r"model\.ckpt-(\d+)\.index$", n) for n in names) if m)
 
 
+# Makes any import of this package fail, even where it is installed (tox).
+NO_PACKAGE = ("import sys\n"
+              "sys.modules['estimator_keras'] = None\n"
+              "sys.modules['experiments'] = None\n")
+
+
 def fresh_python(code, cwd, timeout=180):
-    """Runs code in an isolated interpreter that cannot import this package
-    (what a plain Keras user has); returns its stdout."""
+    """Runs code in an isolated interpreter in which this package cannot be
+    imported (what a plain Keras user has); returns its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=str(cwd), env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-I", "-c", NO_PACKAGE + code], cwd=str(cwd),
+                          env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

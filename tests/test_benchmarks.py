@@ -83,6 +83,7 @@ def test_other_pipelines_yield_each_example_once(tiny):
         "guide_recipe": input_table.guide_recipe_pipeline(files, schema, BATCH, num_epochs=1,
                                                           seed=1),
         "per_record": input_table.per_record_pipeline(files, schema, BATCH, num_epochs=1),
+        "raw_parse": input_table.raw_parse_pipeline(files, schema, BATCH, num_epochs=1),
         "custom": input_table.custom_pipeline(files, schema, BATCH, num_epochs=1, seed=1),
         "custom_sequential": input_table.custom_pipeline(files, schema, BATCH, num_epochs=1,
                                                          parse_parallel=False, prefetch=False),
@@ -250,8 +251,8 @@ def test_cli_quick_input_writes_json(tiny, tmp_path):
     assert result["meta"]["machine"]["nproc"] >= 1
     table = result["tables"]["input"]
     names = {row["name"] for row in table["rows"]}
-    assert {"default", "raw_read", "guide_recipe", "per_record_parse", "queue_runners",
-            "feed_dict", "pkg cycle_length=1"} <= names
+    assert {"default", "raw_read", "raw_read + parse", "guide_recipe", "per_record_parse",
+            "queue_runners", "feed_dict", "pkg cycle_length=1"} <= names
     for row in table["rows"]:
         assert row["median"] > 0 and row["samples"] and row["consumed"], row
     assert {t["id"] for t in table["targets"]} >= {"input.default_abs", "input.vs_raw_0.5",

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from support import checkpoint_steps, cli, kill_group, start_cli
+from support import checkpoint_steps, cli, kill_group, latest_step, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -87,13 +87,14 @@ def test_sigkilled_train_resumes_and_finishes(fashion_data, tmp_path):
                          "--eval-every", 40, "--batch-size", 32, log=log)
         try:
             deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and not [
-                    s for s in checkpoint_steps(model_dir) if s > 0]:
+            # The `checkpoint` file names what a restart restores; an .index
+            # file alone may belong to a checkpoint still being committed.
+            while time.monotonic() < deadline and not latest_step(model_dir):
                 assert proc.poll() is None, open(tmp_path / "first.log").read()[-2000:]
                 time.sleep(0.5)
         finally:
             kill_group(proc)
-    killed_at = checkpoint_steps(model_dir)[-1]
+    killed_at = latest_step(model_dir)
     assert killed_at > 0
     assert (model_dir / ".train.lock").exists()  # left behind by the kill
 

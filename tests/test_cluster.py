@@ -629,7 +629,10 @@ def test_cli_forwards_unknown_flags_and_adds_ps_strategy(monkeypatch, tmp_path, 
                        "--hparams=lr=0.1,units=8", "--strategy", "parameter_server"]
     assert kwargs["workers"] == 1 and kwargs["ps"] == 1 and kwargs["evaluator"] is True
     assert kwargs["timeout"] == 60 and kwargs["log_dir"] == str(tmp_path)
-    assert kwargs["env"]["PYTHONPATH"].split(os.pathsep)[0] == ROOT
+    # The tasks import the same copy of the package as this process (the
+    # checkout, or site-packages when installed).
+    assert kwargs["env"]["PYTHONPATH"].split(os.pathsep)[0] == \
+        os.path.dirname(os.path.dirname(os.path.abspath(cluster_cmd.__file__)))
     out = capsys.readouterr().out
     assert f"logs in {tmp_path}" in out and "ps-0" in out and "ended by the launcher" in out
 

@@ -234,7 +234,7 @@ def test_kill_during_export_leaves_previous_export_intact(trained_dir, tmp_path)
     proc = start_cli("export", "fashion_mnist_mlp", "--model-dir", model_dir, log=env_log)
     try:
         deadline = time.monotonic() + 120
-        while not any(n.startswith(".export-tmp-") for n in os.listdir(model_dir)):
+        while not any(n.startswith(".export.tmp-") for n in os.listdir(model_dir)):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.01)
     finally:
