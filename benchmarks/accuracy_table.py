@@ -18,6 +18,11 @@ chunk:
   epoch (``make_dataset(num_epochs=1, cache=True).repeat()``), the pipeline
   that removes the input cost for small models (see the inputbound table).
 
+Each Estimator chunk runs with graph seed ``42 + chunk``: with one fixed
+graph seed every restarted ``est.train`` replays the first chunk's input
+order and dropout masks (a first run without this trailed Keras by ~1.5
+points at 4000 steps; see BENCHMARKS.md).
+
 Training time counts the intervals between consecutive step ends inside a
 chunk (the first 5 steps of a chunk, graph building and evaluations are
 excluded); wall time counts everything.
@@ -113,20 +118,41 @@ class EstimatorRun(_Run):
         if train_fn is not None:
             self.train_fn = train_fn
         model_dir = os.path.join(workdir, "accuracy", name)
+        self.seed = config.train.seed
         self.estimator = est_lib.to_estimator(model, config=est_lib.run_config(
             model_dir, save_checkpoints_steps=eval_every,
             keep_checkpoint_max=config.train.keep_checkpoint_max,
-            log_every_steps=config.train.log_every_steps, seed=config.train.seed))
+            log_every_steps=config.train.log_every_steps, seed=self.seed))
         self.setup_s = time.perf_counter() - start
+
+    def _estimator_for_chunk(self):
+        """The Estimator for the next chunk, with graph seed ``seed + chunk``.
+
+        Each ``est.train`` builds a new graph; with the same graph-level seed
+        every chunk would replay the first chunk's input order (tf.data
+        shuffles take their seeds from it) and dropout masks. One long
+        ``est.train`` (what train_and_evaluate runs) never restarts, so
+        reseeding per chunk is what stands in for it here.
+        """
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        k = len(self.chunks)
+        if k == 0:
+            return self.estimator
+        base = self.estimator
+        return tf.estimator.Estimator(
+            model_fn=base._model_fn,  # pylint: disable=protected-access
+            config=base.config.replace(tf_random_seed=self.seed + k))
 
     def advance(self, step):
         times = []
         start = time.perf_counter()
-        self.estimator.train(self.train_fn, max_steps=step,
-                             hooks=[training_table.timing_hook(times)])
+        estimator = self._estimator_for_chunk()
+        estimator.train(self.train_fn, max_steps=step,
+                        hooks=[training_table.timing_hook(times)])
         wall = time.perf_counter() - start
         start = time.perf_counter()
-        metrics = self.estimator.evaluate(self.eval_fn)
+        metrics = estimator.evaluate(self.eval_fn)
         eval_s = time.perf_counter() - start
         n, seconds = _intervals(times)
         self.chunks.append(Chunk(int(metrics["global_step"]), float(metrics["accuracy"]),
@@ -145,6 +171,7 @@ class KerasRun(_Run):
         tf.keras.utils.set_random_seed(config.train.seed)
         self.model = train_lib.compiled_model(experiment, config)
         self.arrays, self.test_arrays, self.eval_every = arrays, test_arrays, eval_every
+        self.epoch = 0
         self.setup_s = time.perf_counter() - start
 
     def _restore_classes(self):
@@ -158,10 +185,9 @@ class KerasRun(_Run):
         start = time.perf_counter()
         self._restore_classes()
         x, y = self.arrays
-        self.model.fit(x, y, batch_size=self.config.train.batch_size,
-                       initial_epoch=done // self.eval_every,
-                       epochs=done // self.eval_every + 1, steps_per_epoch=step - done,
-                       shuffle=True, verbose=0, callbacks=[training_table.KerasTimer(times)])
+        self.epoch = training_table.fit_numpy_steps(
+            self.model, x, y, self.config.train.batch_size, step - done, self.epoch,
+            callbacks=[training_table.KerasTimer(times)])
         wall = time.perf_counter() - start
         start = time.perf_counter()
         tx, ty = self.test_arrays
@@ -169,6 +195,8 @@ class KerasRun(_Run):
                                              verbose=0)
         eval_s = time.perf_counter() - start
         n, seconds = _intervals(times)
+        if len(times) != step - done:
+            raise RuntimeError(f"Keras ran {len(times)} steps instead of {step - done}")
         self.chunks.append(Chunk(step, float(accuracy), float(loss), seconds, n, wall, eval_s))
 
 

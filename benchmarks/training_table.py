@@ -159,6 +159,25 @@ def restore_v2_layer_classes(model_name):
     build_fn(model_name)({})
 
 
+def fit_numpy_steps(model, x, y, batch_size, steps, initial_epoch=0, callbacks=()):
+    """``model.fit`` on numpy arrays for exactly ``steps`` steps; returns the
+    epoch to start the next call from.
+
+    Keras feeds numpy arrays through ONE pass of the data per epoch of the
+    call (``steps_per_epoch`` beyond a pass stops early, "ran out of data"),
+    so the steps are split into m epochs of ``steps / m`` steps, with m the
+    smallest divisor of ``steps`` whose epochs fit in a pass.
+    """
+    per_pass = -(-len(y) // batch_size)
+    m = max(1, -(-steps // per_pass))
+    while steps % m:
+        m += 1
+    model.fit(x, y, batch_size=batch_size, initial_epoch=initial_epoch,
+              epochs=initial_epoch + m, steps_per_epoch=steps // m, shuffle=True, verbose=0,
+              callbacks=list(callbacks))
+    return initial_epoch + m
+
+
 class FitNumpyVariant(_StepWindow):
     """Keras ``Model.fit`` on in-memory numpy arrays (uint8 pixels; the model
     rescales), shuffled each epoch by Keras."""
@@ -176,9 +195,8 @@ class FitNumpyVariant(_StepWindow):
         times = []
         x, y = self.arrays
         restore_v2_layer_classes(self.model_name)
-        self.model.fit(x, y, batch_size=self.settings.batch_size, epochs=1,
-                       steps_per_epoch=self.warm + steps, shuffle=True, verbose=0,
-                       callbacks=[KerasTimer(times)])
+        fit_numpy_steps(self.model, x, y, self.settings.batch_size, self.warm + steps,
+                        callbacks=[KerasTimer(times)])
         return timed_part(times, self.warm)
 
 

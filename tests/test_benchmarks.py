@@ -189,7 +189,21 @@ def test_training_variants_run_a_few_steps(tiny, settings):
     assert rows[0]["ratio"] == pytest.approx(1.0)
 
 
-def test_feed_dict_and_queue_runner_loops_lower_the_loss(tiny, settings):
+@pytest.mark.parametrize("steps", [5, 13, 30])
+def test_fit_numpy_steps_runs_exactly_the_steps_asked(tiny, steps):
+    images, labels = common.load_arrays(tiny[0])
+    model = training_table.compiled("seed_mlp")
+    times = []
+    epoch = training_table.fit_numpy_steps(model, images, labels, BATCH, steps,
+                                           callbacks=[training_table.KerasTimer(times)])
+    # 200 examples are 13 batches a pass: 30 steps need more than 2 passes.
+    assert len(times) == steps and epoch >= 1
+    more = training_table.fit_numpy_steps(model, images, labels, BATCH, steps, epoch,
+                                          callbacks=[training_table.KerasTimer(times)])
+    assert len(times) == 2 * steps and more > epoch
+
+
+def test_feed_dict_loop_lowers_the_loss(tiny, settings):
     images, labels = common.load_arrays(tiny[0])
     resolved = common.dataset_info(tiny[0])
     feed = training_table.FeedDictTrainVariant("feed_dict", "seed_mlp", settings,
@@ -202,6 +216,24 @@ def test_feed_dict_and_queue_runner_loops_lower_the_loss(tiny, settings):
     after = feed.session.run(feed.loss, {feed.images: x, feed.labels: y})
     feed.close()
     assert after < before
+
+
+@pytest.mark.slow
+def test_accuracy_table_on_tiny_data(tiny, settings):
+    """Four runs advance in alternating chunks, evaluate after each chunk,
+    and the Estimator chunks resume from the previous chunk's checkpoint."""
+    from benchmarks import accuracy_table  # pylint: disable=import-outside-toplevel
+
+    result = accuracy_table.run(settings, path=tiny[0], steps=4, eval_every=2)
+    rows = {row["name"]: row for row in result["rows"]}
+    assert set(rows) == {"estimator_default", "keras_fit_numpy", "estimator_record_shuffle",
+                         "estimator_cached_epoch"}
+    for row in rows.values():
+        assert [c["step"] for c in row["curve"]] == [2, 4]
+        assert 0.0 <= row["final_accuracy"] <= 1.0 and row["wall_s"] > 0
+    assert {t["id"] for t in result["targets"]} >= {"accuracy.issue3_default",
+                                                   "accuracy.default_vs_record_shuffle"}
+    json.dumps(result)
 
 
 def test_generated_source_is_deterministic_and_picklable():
