@@ -8,23 +8,17 @@ Example::
 import json
 import sys
 
+from benchmarks.common import fmt
+
 RATIO_COLUMNS = ("ratio",)
 
 
 def _cell(column, value):
-    if value is None:
-        return "-"
     if column in RATIO_COLUMNS and isinstance(value, (int, float)):
         return f"{value:.2f}x"
-    if isinstance(value, float):
-        if abs(value) >= 1000:
-            return f"{value:,.0f}"
-        if abs(value) >= 100:
-            return f"{value:,.1f}"
-        if abs(value) >= 1:
-            return f"{value:,.2f}"
+    if isinstance(value, float) and abs(value) < 1:
         return f"{value:.4f}"
-    return str(value)
+    return fmt(value) if isinstance(value, float) or value is None else str(value)
 
 
 def table_markdown(result):
