@@ -142,6 +142,8 @@ def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
 
 
 def _compiled_metrics(model):
+    # Keras 2.15 keeps the metrics given to compile() only on its metrics
+    # container; recompiling with the legacy optimizer must keep them.
     container = getattr(model, "compiled_metrics", None)
     metrics = getattr(container, "_user_metrics", None)
     return metrics
