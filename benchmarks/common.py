@@ -206,14 +206,36 @@ class Variant:
         return {}
 
 
-def run_alternating(variants, repeats, label):
-    """Times ``variants`` round-robin; returns {name: [rate, ...]}.
+@dataclasses.dataclass
+class Measurements:
+    """What :func:`run_alternating` measured.
 
-    A variant whose build or measure raises gets its error recorded (as
-    ``errors[name]``) and drops out; the others go on.
+    Attributes:
+      samples: {variant name: [rate per window, in time order]}.
+      errors: {variant name: error text} for variants that failed.
+      log: every window as (variant name, rate), in the order they ran.
+      reference: the variant interleaved between the others, or None.
+    """
+
+    samples: dict
+    errors: dict
+    log: list
+    reference: str = None
+
+
+def run_alternating(variants, repeats, label, reference=None, ref_every=3):
+    """Times ``variants`` in rounds; returns :class:`Measurements`.
+
+    Each round runs every variant once, the starting variant rotating from
+    round to round. With a ``reference`` (a variant name), the reference also
+    runs at the start of each round and after every ``ref_every`` other
+    variants, so that each window has a reference window at most
+    ``ref_every - 1`` windows away: :func:`local_ratio` compares them.
+    A variant whose build or measure raises gets its error recorded and
+    drops out; the others go on.
     """
     samples = {v.name: [] for v in variants}
-    errors = {}
+    errors, log = {}, []
     live = []
     for v in variants:
         try:
@@ -225,9 +247,19 @@ def run_alternating(variants, repeats, label):
         except Exception as e:  # pylint: disable=broad-except
             errors[v.name] = f"{type(e).__name__}: {e}"[:500]
             say(f"[{label}] {v.name} failed: {errors[v.name]}")
+    ref = next((v for v in live if v.name == reference), None)
+    others = [v for v in live if v is not ref]
     for r in range(repeats):
-        k = r % max(1, len(live))
-        for v in live[k:] + live[:k]:
+        k = r % max(1, len(others))
+        rotated = others[k:] + others[:k]
+        order = []
+        if ref is not None:
+            order.append(ref)
+            for i in range(0, len(rotated), ref_every):
+                order += rotated[i:i + ref_every] + [ref]
+        else:
+            order = rotated
+        for v in order:
             if v.name in errors:
                 continue
             try:
@@ -238,18 +270,56 @@ def run_alternating(variants, repeats, label):
                 continue
             rate = units / max(seconds, 1e-9)
             samples[v.name].append(rate)
+            log.append((v.name, rate))
             say(f"[{label}] round {r + 1}/{repeats} {v.name}: {rate:,.1f}")
     for v in variants:
         try:
             v.close()
         except Exception:  # pylint: disable=broad-except
             pass
-    return samples, errors
+    return Measurements(samples, errors, log, reference if ref is not None else None)
 
 
-def rows_from(variants, samples, errors, reference=None, unit=""):
-    """Table rows (dicts) with medians, spread and ratio to ``reference``."""
+def local_ratio(log, a, b):
+    """Rate of ``a`` over rate of ``b``, each window compared with the nearest
+    windows of the other; the median over windows.
+
+    The variant with fewer windows anchors: each of its windows is divided by
+    (or divides) the mean of the nearest window of the other one before it
+    and the nearest after it. On a machine whose speed jumps between states
+    as other jobs start and stop, windows a few seconds apart usually share a
+    state, so this is steadier than the ratio of two medians, which can each
+    land in a different state.
+    """
+    if a == b:
+        return 1.0
+    n_a = sum(1 for name, _ in log if name == a)
+    n_b = sum(1 for name, _ in log if name == b)
+    if not n_a or not n_b:
+        return None
+    anchor, other, invert = (a, b, False) if n_a <= n_b else (b, a, True)
+    ratios = []
+    for i, (name, rate) in enumerate(log):
+        if name != anchor:
+            continue
+        before = next((r for n, r in reversed(log[:i]) if n == other), None)
+        after = next((r for n, r in log[i + 1:] if n == other), None)
+        near = [x for x in (before, after) if x is not None]
+        local = sum(near) / len(near)
+        if local and rate:
+            ratios.append(rate / local)
+    if not ratios:
+        return None
+    value = median(ratios)
+    return 1.0 / value if invert else value
+
+
+def rows_from(variants, measurements, reference=None, unit=""):
+    """Table rows (dicts): median, spread, best window, and ratios to ``reference``
+    (``ratio``: :func:`local_ratio`; ``ratio_of_medians``; ``ratio_best``:
+    best window over the reference's best window)."""
     rows = []
+    samples, errors, log = measurements.samples, measurements.errors, measurements.log
     ref_samples = samples.get(reference, []) if reference else []
     ref = median(ref_samples) if ref_samples else None
     for v in variants:
@@ -261,27 +331,16 @@ def rows_from(variants, samples, errors, reference=None, unit=""):
         if v.name in errors:
             row["error"] = errors[v.name]
         if ref and s:
+            row["ratio"] = local_ratio(log, v.name, reference)
             row["ratio_of_medians"] = median(s) / ref
-            row["ratio"] = paired_ratio(s, ref_samples)
+            row["ratio_best"] = max(s) / max(ref_samples)
         row.update(v.extra())
         rows.append(row)
     return rows
 
 
-def paired_ratio(samples, reference_samples):
-    """Median over rounds of (sample / the reference's sample of the same round).
-
-    Samples are listed in round order, so pairing by index compares windows
-    run within one round of each other: on a machine whose speed jumps
-    between states (other jobs starting and stopping), this is steadier than
-    the ratio of two medians, which can each land in a different state.
-    """
-    pairs = [a / b for a, b in zip(samples, reference_samples) if b]
-    return median(pairs) if pairs else None
-
-
 def target(tid, description, value, threshold, op=">="):
-    """A target row: ``value op threshold`` -> met."""
+    """A target row: ``value op threshold`` -> met (None when unmeasured)."""
     checks = {">=": lambda v: v >= threshold, "<": lambda v: v < threshold,
               "<=": lambda v: v <= threshold}
     if op not in checks:
@@ -298,18 +357,6 @@ def row_median(rows, name):
         if row["name"] == name:
             return row["median"]
     return None
-
-
-def row_samples(rows, name):
-    for row in rows:
-        if row["name"] == name:
-            return row["samples"]
-    return []
-
-
-def paired(rows, a, b):
-    """Paired ratio (see :func:`paired_ratio`) of rows ``a`` over ``b``."""
-    return paired_ratio(row_samples(rows, a), row_samples(rows, b))
 
 
 def ratio(a, b):

@@ -400,15 +400,16 @@ def run(settings, path=None, knobs=True):
     path = path or common.dataset_path(settings)
     load_start = common.load_average()
     vs = variants(path, settings, knobs)
-    samples, errors = common.run_alternating(vs, settings.repeats_for(7), TABLE)
-    rows = common.rows_from(vs, samples, errors, reference="default", unit="examples/s")
+    m = common.run_alternating(vs, settings.repeats_for(7), TABLE, reference="default")
+    rows = common.rows_from(vs, m, reference="default", unit="examples/s")
     default = common.row_median(rows, "default")
-    # The faster of the two queue-runner settings, round by round.
-    qr_best = [max(a, b) for a, b in zip(common.row_samples(rows, "queue_runners"),
-                                         common.row_samples(rows, "queue_runners_2threads"))]
 
     def default_over(name):
-        return common.paired(rows, "default", name)
+        return common.local_ratio(m.log, "default", name)
+
+    # Against the faster of the two queue-runner settings.
+    qr = [r for r in (default_over("queue_runners"), default_over("queue_runners_2threads"))
+          if r is not None]
 
     targets = [
         common.target("input.default_abs", "default pipeline examples/s, in-graph", default,
@@ -420,18 +421,20 @@ def run(settings, path=None, knobs=True):
         common.target("input.vs_guide", "default / tf.data guide recipe",
                       default_over("guide_recipe"), 3.0),
         common.target("input.vs_queue_runners", "default / best queue-runner setting",
-                      common.paired_ratio(common.row_samples(rows, "default"), qr_best), 8.0),
+                      min(qr) if qr else None, 8.0),
         common.target("input.vs_per_record_8", "default / per-record parsing",
                       default_over("per_record_parse"), 8.0),
         common.target("input.vs_per_record_3", "default / per-record parsing (issue 2)",
                       default_over("per_record_parse"), 3.0),
     ]
     return {"table": TABLE, "title": TITLE, "unit": "examples/s", "rows": rows,
-            "columns": ["name", "median", "min", "max", "ratio", "startup_ms"],
+            "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "startup_ms"],
             "targets": targets, "dataset": path,
             "num_examples": common.dataset_info(path).num_examples,
             "load_before": load_start, "load_after": common.load_average(),
-            "notes": ["ratio = median over rounds of (rate / `default` rate in the same "
-                      "round); targets use the same paired ratios",
+            "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
+                      "`default` windows before and after it; `default` runs after every 3 "
+                      "other windows); targets use the same local ratios",
+                      "ratio_best = best window / best `default` window",
                       "startup_ms = time from starting a pass to its first batch (excluded "
                       "from the rate)"]}

@@ -344,29 +344,34 @@ def run(settings, path=None, models=MODELS, threads=True):
     for model_name in models:
         vs = variants(model_name, path, settings, arrays, threads)
         repeats = settings.repeats_for(5 if model_name == "seed_cnn" else 7)
-        samples, errors = common.run_alternating(vs, repeats, f"{TABLE}/{model_name}")
-        model_rows = common.rows_from(vs, samples, errors, reference="estimator",
-                                      unit="steps/s")
+        m = common.run_alternating(vs, repeats, f"{TABLE}/{model_name}",
+                                   reference="estimator")
+        model_rows = common.rows_from(vs, m, reference="estimator", unit="steps/s")
         for row in model_rows:
             row["name"] = f"{model_name} {row['name']}"
         rows.extend(model_rows)
-        def vs(name, m=model_name):
-            return common.paired(model_rows, f"{m} estimator", f"{m} {name}")
+
+        def est_over(name, log=m.log):
+            return common.local_ratio(log, "estimator", name)
 
         targets += [
             common.target(f"training.{model_name}.vs_fit_numpy",
-                          f"{model_name}: Estimator / Model.fit on numpy", vs("fit_numpy"), 1.0),
-            common.target(f"training.{model_name}.vs_queue_runners",
-                          f"{model_name}: Estimator / queue-runner loop", vs("queue_runners"),
+                          f"{model_name}: Estimator / Model.fit on numpy", est_over("fit_numpy"),
                           1.0),
+            common.target(f"training.{model_name}.vs_queue_runners",
+                          f"{model_name}: Estimator / queue-runner loop",
+                          est_over("queue_runners"), 1.0),
             common.target(f"training.{model_name}.vs_feed_dict",
-                          f"{model_name}: Estimator / feed_dict loop", vs("feed_dict"), 0.95),
+                          f"{model_name}: Estimator / feed_dict loop", est_over("feed_dict"),
+                          0.95),
         ]
     return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
-            "columns": ["name", "median", "min", "max", "ratio", "window_steps"],
+            "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "window_steps"],
             "targets": targets, "dataset": path, "load_before": load_start,
             "load_after": common.load_average(),
-            "notes": ["ratio = median over rounds of (rate / the same model's `estimator` "
-                      "rate in the same round); targets use the same paired ratios",
+            "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
+                      "`estimator` windows of the same model before and after it; the "
+                      "estimator runs after every 3 other windows); targets use the same "
+                      "local ratios", "ratio_best = best window / best `estimator` window",
                       "each window: untimed warm-up steps, then timed steps; graph build "
                       "and session start between windows are not timed"]}

@@ -214,8 +214,8 @@ def run(settings, path=None, size=None):  # pylint: disable=unused-argument
                          "the same with num_workers=2", group="real"),
         ]
     load_start = common.load_average()
-    samples, errors = common.run_alternating(vs, repeats, TABLE)
-    rows = common.rows_from(vs, samples, errors, reference=vs[0].name, unit="examples/s")
+    m = common.run_alternating(vs, repeats, TABLE)
+    rows = common.rows_from(vs, m, reference=vs[0].name, unit="examples/s")
     by = {r["name"]: r for r in rows}
     targets = []
     for workers in (1, 2):

@@ -167,9 +167,11 @@ def test_numpy_batcher_covers_each_epoch():
 def test_input_variants_measure(tiny, settings):
     """Every input-table variant builds, warms up and measures on tiny data."""
     variants = input_table.variants(tiny[0], settings, knobs=False)
-    samples, errors = common.run_alternating(variants, 1, "test")
-    assert not errors
-    assert all(len(s) == 1 and s[0] > 0 for s in samples.values())
+    m = common.run_alternating(variants, 1, "test", reference="default")
+    assert not m.errors
+    assert all(len(s) >= 1 and s[0] > 0 for s in m.samples.values())
+    rows = common.rows_from(variants, m, reference="default")
+    assert all(row["ratio"] > 0 for row in rows)
 
 
 def test_training_variants_run_a_few_steps(tiny, settings):
@@ -180,12 +182,12 @@ def test_training_variants_run_a_few_steps(tiny, settings):
                                        threads=False)
     for v in variants:
         v.warm = 2
-    samples, errors = common.run_alternating(variants, 1, "test")
-    assert not errors, errors
-    assert set(samples) == {"estimator", "fit_numpy", "fit_dataset", "queue_runners",
-                            "feed_dict"}
-    assert all(s and s[0] > 0 for s in samples.values())
-    rows = common.rows_from(variants, samples, errors, reference="estimator")
+    m = common.run_alternating(variants, 1, "test", reference="estimator")
+    assert not m.errors, m.errors
+    assert set(m.samples) == {"estimator", "fit_numpy", "fit_dataset", "queue_runners",
+                              "feed_dict"}
+    assert all(s and s[0] > 0 for s in m.samples.values())
+    rows = common.rows_from(variants, m, reference="estimator")
     assert rows[0]["ratio"] == pytest.approx(1.0)
 
 
@@ -254,6 +256,43 @@ def test_writer_child_reports_examples_and_peak_rss(tmp_path):
     assert result["peak_rss_self_mb"] > 10 and result["peak_rss_wait4_mb"] > 10
     from estimator_keras import records  # pylint: disable=import-outside-toplevel
     assert records.load_manifest(str(tmp_path / "gen")).splits["train"].num_examples == 300
+
+
+class _Fake(common.Variant):
+    """A variant whose rate follows a shared machine "speed" that changes
+    over time, times its own factor."""
+
+    def __init__(self, name, factor, clock):
+        self.name, self.factor, self.clock = name, factor, clock
+
+    def warmup(self):
+        pass
+
+    def measure(self):
+        self.clock.append(len(self.clock))
+        # 9 windows a round in the test below: the speed doubles or halves
+        # from one round to the next.
+        speed = 1.0 if ((len(self.clock) - 1) // 9) % 2 == 0 else 2.0
+        return self.factor * speed, 1.0
+
+
+def test_run_alternating_interleaves_the_reference_and_local_ratio_sees_through_drift():
+    clock = []
+    variants = [_Fake("ref", 10.0, clock)] + [_Fake(f"v{i}", 10.0 * i, clock)
+                                              for i in range(1, 6)]
+    m = common.run_alternating(variants, 4, "test", reference="ref", ref_every=2)
+    names = [name for name, _ in m.log]
+    # Each round: ref, two others, ref, two others, ref, one other, ref.
+    assert names[:8] == ["ref", "v1", "v2", "ref", "v3", "v4", "ref", "v5"]
+    assert all(len(m.samples[f"v{i}"]) == 4 for i in range(1, 6))
+    # Every window's nearest reference windows ran in its own round, at its
+    # speed, so the factor comes out exactly.
+    for i in range(1, 6):
+        assert common.local_ratio(m.log, f"v{i}", "ref") == pytest.approx(i)
+        assert common.local_ratio(m.log, "ref", f"v{i}") == pytest.approx(1 / i)
+    rows = common.rows_from(variants, m, reference="ref")
+    assert rows[0]["ratio"] == 1.0 and rows[2]["ratio"] == pytest.approx(2.0)
+    assert rows[2]["max"] == pytest.approx(40.0)
 
 
 def test_targets_and_formatting():
