@@ -24,21 +24,27 @@ def _readme():
 setup(
     name="estimator-keras",
     version=_version(),
-    description="Keras models trained from TFRecords with tf.estimator: fast input "
-                "pipelines, train_and_evaluate, clusters, Keras-loadable exports.",
+    description="Keras models trained from TFRecords with tf.estimator or Model.fit: fast "
+                "input pipelines, train_and_evaluate, clusters, Keras-loadable exports.",
     long_description=_readme(),
     long_description_content_type="text/markdown",
     packages=["estimator_keras", "experiments", "benchmarks"],
-    python_requires=">=3.9,<3.12",
-    # TensorFlow itself comes from an extra, so a CPU user never pulls the
-    # GPU wheels and a GPU user can: pip install "estimator-keras[cpu]" or [gpu].
-    install_requires=[
-        "tensorflow-estimator==2.15.*",
-        "numpy<2",
-    ],
+    # tf.estimator ends at TensorFlow 2.15 (Python <= 3.11); the keras engine
+    # runs on newer TensorFlow and Python too.
+    python_requires=">=3.9",
+    # TensorFlow comes from an extra, so a CPU user never pulls the GPU wheels
+    # and each engine gets the TensorFlow it needs:
+    #   pip install "estimator-keras[cpu]"   TF 2.15 + tf.estimator (both engines)
+    #   pip install "estimator-keras[gpu]"   the same with CUDA
+    #   pip install "estimator-keras[keras]" TF 2.16-2.21 + tf-keras (keras engine)
+    #   pip install "estimator-keras[keras-cpu]" && pip install --no-deps "tf-keras~=2.21.0"
+    #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
+    install_requires=[],
     extras_require={
-        "cpu": ["tensorflow-cpu==2.15.*"],
-        "gpu": ["tensorflow[and-cuda]==2.15.*"],
+        "cpu": ["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
+        "gpu": ["tensorflow[and-cuda]==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
+        "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
+        "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
         "test": ["pytest", "mock", "pyyaml"],
     },
@@ -48,6 +54,7 @@ setup(
         "Programming Language :: Python :: 3.9",
         "Programming Language :: Python :: 3.10",
         "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

@@ -396,10 +396,13 @@ def machine_info():
         info["numpy"] = np.__version__
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         info["tensorflow"] = tf.__version__
-        import tensorflow_estimator  # pylint: disable=import-outside-toplevel
-        info["tensorflow_estimator"] = getattr(tensorflow_estimator, "__version__", None)
     except ImportError:
         pass
+    try:
+        from importlib import metadata  # pylint: disable=import-outside-toplevel
+        info["tensorflow_estimator"] = metadata.version("tensorflow-estimator")
+    except Exception:  # pylint: disable=broad-except
+        info["tensorflow_estimator"] = None
     info["loadavg"] = load_average()
     return info
 
@@ -458,7 +461,7 @@ def format_table(result):
             cells = []
             for c in columns:
                 v = row.get(c)
-                if c == "ratio" and v is not None:
+                if c in ("ratio", "ratio_best") and v is not None:
                     cells.append(f"{v:.2f}x")
                 elif isinstance(v, float):
                     cells.append(fmt(v, 4) if abs(v) < 1 else fmt(v))

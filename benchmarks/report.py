@@ -10,7 +10,7 @@ import sys
 
 from benchmarks.common import fmt
 
-RATIO_COLUMNS = ("ratio",)
+RATIO_COLUMNS = ("ratio", "ratio_best")
 
 
 def _cell(column, value):

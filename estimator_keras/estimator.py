@@ -149,6 +149,22 @@ def _compiled_metrics(model):
     return metrics
 
 
+def progress_line(head, since, until, loss=None, batch_size=None, replicas=1):
+    """"HEAD, loss L, R steps/s, E examples/s" between two (step, seconds)
+    points, or None when no step was taken."""
+    steps, secs = until[0] - since[0], max(until[1] - since[1], 1e-9)
+    if steps <= 0:
+        return None
+    rate = steps / secs
+    parts = [head]
+    if loss is not None:
+        parts.append(f"loss {float(loss):.4f}")
+    parts.append(f"{rate:.1f} steps/s")
+    if batch_size:
+        parts.append(f"{rate * batch_size * replicas:,.0f} examples/s")
+    return ", ".join(parts)
+
+
 class ProgressHook:
     """Logs loss, steps/s and examples/s every ``every_steps`` steps.
 
@@ -193,17 +209,9 @@ class ProgressHook:
                     self._report(f"trained to step {final[0]} (average)", self._first, final)
 
             def _report(self, head, since, until):
-                steps, secs = until[0] - since[0], max(until[1] - since[1], 1e-9)
-                if steps <= 0:
-                    return
-                rate = steps / secs
-                parts = [head]
-                if self._loss_value is not None:
-                    parts.append(f"loss {float(self._loss_value):.4f}")
-                parts.append(f"{rate:.1f} steps/s")
-                if batch_size:
-                    parts.append(f"{rate * batch_size * replicas:,.0f} examples/s")
-                (log or logger.info)(", ".join(parts))
+                line = progress_line(head, since, until, self._loss_value, batch_size, replicas)
+                if line:
+                    (log or logger.info)(line)
 
         return _Hook()
 

@@ -169,10 +169,8 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     model = model_builder() if callable(model_builder) and not isinstance(
         model_builder, tf.keras.Model) else model_builder
     load_checkpoint_into(model, checkpoint)
-    reader = tf.train.load_checkpoint(checkpoint)
-    step = next((int(reader.get_tensor(k)) for k in (
-        "estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step")
-        if reader.has_tensor(k)), None)
+    from estimator_keras.fit import checkpoint_step  # pylint: disable=import-outside-toplevel
+    step = checkpoint_step(checkpoint)
 
     parent = posixpath.dirname(export_dir.rstrip("/")) or "."
     tf.io.gfile.makedirs(parent)
@@ -305,26 +303,38 @@ class BestExporter:
             def export(self, estimator, export_path, checkpoint_path, eval_result,
                        is_the_final_export):
                 del export_path, is_the_final_export  # we export next to the model dir
-                if metric not in eval_result:
-                    raise ModelDirError(
-                        f"best-model exporter: metric {metric!r} is not among the eval "
-                        f"metrics {sorted(eval_result)}.")
-                value = float(eval_result[metric])
-                target = posixpath.join(estimator.model_dir, BEST_DIR)
-                best = _recorded_metric(target, metric)
-                better = best is None or (value > best if higher_is_better else value < best)
-                if not better:
-                    return None
-                _in_eager_thread(
-                    export_model, model_builder, estimator.model_dir,
-                    checkpoint=checkpoint_path, schema=schema, features=features,
-                    export_dir=target, metadata={
-                        "metrics": {k: float(v) for k, v in eval_result.items()},
-                        "best_metric": metric})
-                (log or logger.info)(f"new best {metric} {value:.4f}: exported {target}")
-                return target
+                return export_if_best(
+                    model_builder, estimator.model_dir, checkpoint_path, eval_result, metric,
+                    higher_is_better, schema=schema, features=features, log=log)
 
         return _BestExporter()
+
+
+def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
+                   higher_is_better=True, *, schema=None, features=None, log=None):
+    """Exports ``checkpoint`` to ``MODEL_DIR/best`` when its ``metric`` beats
+    the one recorded there; returns the export dir, or None when not better.
+
+    Runs the export on a fresh thread: the caller may be inside a finalized
+    Estimator graph or a distribution strategy's scope, and neither may leak
+    into building the export's model.
+    """
+    if metric not in metrics:
+        raise ModelDirError(
+            f"best-model export: metric {metric!r} is not among the eval "
+            f"metrics {sorted(metrics)}.")
+    value = float(metrics[metric])
+    target = posixpath.join(str(model_dir), BEST_DIR)
+    best = _recorded_metric(target, metric)
+    better = best is None or (value > best if higher_is_better else value < best)
+    if not better:
+        return None
+    _in_eager_thread(
+        export_model, model_builder, model_dir, checkpoint=checkpoint, schema=schema,
+        features=features, export_dir=target, metadata={
+            "metrics": {k: float(v) for k, v in metrics.items()}, "best_metric": metric})
+    (log or logger.info)(f"new best {metric} {value:.4f}: exported {target}")
+    return target
 
 
 def _in_eager_thread(fn, *args, **kwargs):

@@ -170,4 +170,4 @@ def encode_example(schema, values):
             feature[name] = tf.train.Feature(float_list=tf.train.FloatList(
                 value=arr.astype(np.float32).ravel().tolist()))
     return tf.train.Example(
-        features=tf.train.Features(feature=feature)).SerializeToString()
+        features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)

@@ -38,11 +38,18 @@ def _add_train_flags(p, with_model_dir_required=False):
                    help="override config fields, e.g. learning_rate=0.01,dropout=0.3")
 
 
+def _add_engine_flag(p):
+    p.add_argument("--engine", default="auto", choices=["auto", "estimator", "keras"],
+                   help="estimator: tf.estimator.train_and_evaluate (TensorFlow <= 2.15); "
+                        "keras: Model.fit (TensorFlow 2.15+, tf-keras on 2.16+); auto "
+                        "(default): estimator where tensorflow_estimator imports, else keras")
+
+
 def build_parser():
     from experiments import cluster_cmd, submit  # pylint: disable=import-outside-toplevel
 
     parser = _Parser(prog="python -m experiments",
-                     description="Train Keras models from TFRecords with tf.estimator.")
+                     description="Train Keras models from TFRecords with tf.estimator or Model.fit.")
     parser.add_argument("--verbose", action="store_true",
                         help="show tracebacks and TensorFlow's own logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -83,9 +90,11 @@ def build_parser():
                             "parameter_server"])
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip unreadable records (logged) instead of stopping")
+    _add_engine_flag(p)
 
     p = sub.add_parser("evaluate", help="evaluate the latest checkpoint of a model dir")
     _add_train_flags(p)
+    _add_engine_flag(p)
 
     p = sub.add_parser("export", help="export the latest checkpoint to model.h5, "
                                       "weights.h5 and saved_model/")
@@ -168,7 +177,7 @@ def cmd_train(args):
     model_dir, export_dir, tensorboard_dir = _dirs(args)
     result = train.train(experiment, config, model_dir=model_dir, data_dir=_data_dir(args),
                          source_dir=args.source_dir, strategy=args.strategy,
-                         skip_corrupt=args.skip_corrupt, export_dir=export_dir,
+                         engine=args.engine, skip_corrupt=args.skip_corrupt, export_dir=export_dir,
                          tensorboard_dir=tensorboard_dir)
     _print_result(result.task, result.metrics, result.export_dir, result.seconds)
     return 0
@@ -192,7 +201,7 @@ def cmd_evaluate(args):
     from experiments import train  # pylint: disable=import-outside-toplevel
     experiment, config = _experiment(args)
     metrics = train.evaluate(experiment, config, model_dir=_model_dir(args),
-                             data_dir=_data_dir(args))
+                             data_dir=_data_dir(args), engine=args.engine)
     print(json.dumps(metrics, indent=2, sort_keys=True))
     return 0
 
@@ -213,8 +222,8 @@ COMMANDS = {"list": cmd_list, "prepare": cmd_prepare, "inspect": cmd_inspect,
 def _setup_logging(verbose):
     if not verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        # Keras 2.15 warns about its own legacy paths (HDF5, set_learning_phase)
-        # that the Estimator path uses on purpose.
+        # Keras 2 warns about its own legacy paths (HDF5, set_learning_phase)
+        # that the exports and the Estimator path use on purpose.
         warnings.filterwarnings("ignore", category=UserWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

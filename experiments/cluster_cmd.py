@@ -68,6 +68,29 @@ def _train_argv(args, extra_argv):
             "--model-dir", args.model_dir, *extra]
 
 
+def _flag_value(argv, flag):
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _check_engine(args, command):
+    # Refuse here, before any task starts, what the keras engine's tasks
+    # would refuse one by one.
+    if _flag_value(command, "--engine") != "keras":
+        return
+    if args.ps or args.evaluator:
+        asked = " and ".join(x for x, on in (("--ps", args.ps), ("--evaluator", args.evaluator))
+                             if on)
+        raise UsageError(
+            f"--engine keras trains with Model.fit under MultiWorkerMirroredStrategy: it has no "
+            f"parameter servers and evaluates on the chief, so {asked} cannot be used with it. "
+            f"Drop {asked}, or use --engine estimator (TensorFlow 2.15).")
+
+
 def _task_env():
     # The tasks import `experiments` and `estimator_keras`; make that work from
     # any working directory, as it does for this process.
@@ -103,6 +126,7 @@ def run(args, extra_argv=()):
         raise UsageError(
             f"--workers and --ps must be 0 or more; got --workers {args.workers} --ps {args.ps}.")
     command = _train_argv(args, extra_argv)
+    _check_engine(args, command)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"cluster-{args.name}-")
     parts = ["chief"] + ([f"{args.workers} worker(s)"] if args.workers else []) + (
         [f"{args.ps} ps"] if args.ps else []) + (["evaluator"] if args.evaluator else [])

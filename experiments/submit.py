@@ -85,6 +85,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=_positive, metavar="N", help="forwarded to train")
     parser.add_argument("--eval-every", type=_positive, metavar="N", help="forwarded to train")
     parser.add_argument("--strategy", choices=STRATEGIES, help="forwarded to train")
+    parser.add_argument("--engine", choices=("auto", "estimator", "keras"),
+                        help="forwarded to train (default there: auto)")
     parser.add_argument("--package-uri", metavar="gs://...tar.gz",
                         help="use this uploaded sdist instead of building and uploading one")
     parser.add_argument("--dry-run", action="store_true",
@@ -105,7 +107,8 @@ def _train_args(args) -> List[str]:
     if args.hparams:
         out += ["--hparams", args.hparams]
     for flag, value in (("--max-steps", args.max_steps), ("--batch-size", args.batch_size),
-                        ("--eval-every", args.eval_every), ("--strategy", args.strategy)):
+                        ("--eval-every", args.eval_every), ("--strategy", args.strategy),
+                        ("--engine", getattr(args, "engine", None))):
         if value is not None:
             out += [flag, str(value)]
     return out
@@ -136,6 +139,11 @@ def _check_strategy(args) -> None:
             "--strategy %s does not use parameter servers, but --ps %d asks for some: "
             "use --strategy parameter_server (or auto), or drop --ps."
             % (args.strategy, args.ps))
+    if getattr(args, "engine", None) == "keras" and (args.ps or args.evaluator):
+        raise ConfigError(
+            "--engine keras trains with Model.fit and evaluates on the chief: it runs no "
+            "parameter servers and no evaluator, so drop --ps/--evaluator, or use --engine "
+            "estimator.")
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")

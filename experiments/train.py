@@ -19,8 +19,10 @@ import sys
 import time
 
 from estimator_keras import cluster as cluster_lib
+from estimator_keras import engines
 from estimator_keras import estimator as est_lib
 from estimator_keras import export as export_lib
+from estimator_keras import fit as fit_lib
 from estimator_keras import inputs, records
 from estimator_keras.errors import DataError
 from estimator_keras.modeldir import ModelDirLock
@@ -125,18 +127,24 @@ def check_inputs(model, config, dataset_path):
 
 
 def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
-          skip_corrupt=False, prepare_workers=1, export_dir=None, tensorboard_dir=None):
-    """Runs the experiment: prepare data if missing, train_and_evaluate,
+          engine="auto", skip_corrupt=False, prepare_workers=1, export_dir=None,
+          tensorboard_dir=None):
+    """Runs the experiment: prepare data if missing, train and evaluate,
     export (chief only). Works locally and as any task of a TF_CONFIG cluster.
 
-    ``export_dir`` defaults to ``MODEL_DIR/export``; ``tensorboard_dir``, when
-    it differs from the model dir (Vertex's AIP_TENSORBOARD_LOG_DIR), gets a
-    copy of the summaries at the end."""
+    ``engine`` is "estimator" (train_and_evaluate), "keras" (Model.fit) or
+    "auto" (the Estimator where it exists). ``export_dir`` defaults to
+    ``MODEL_DIR/export``; ``tensorboard_dir``, when it differs from the model
+    dir (Vertex's AIP_TENSORBOARD_LOG_DIR), gets a copy of the summaries at
+    the end."""
     start = time.monotonic()
     info = cluster_lib.parse_tf_config()
+    engine = _engine_for(engine, model_dir)
     # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
     strategy_name = cluster_lib.choose_strategy(
         strategy, info, cluster_lib.local_gpu_count() if strategy in ("auto", "mirrored") else 0)
+    if engine == "keras":
+        check_keras_cluster(strategy_name, info)
     distribute = cluster_lib.make_train_distribute(strategy_name, cluster_info=info)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -151,17 +159,16 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
         # factor (one would double-count).
         log(f"experiment {config.name}: strategy {strategy_name}, batch size "
             f"{config.train.batch_size} per update, {info.num_workers} training task(s) "
-            f"updating asynchronously")
+            f"updating asynchronously; engine {engine}")
     else:
         log(f"experiment {config.name}: strategy {strategy_name}, batch size "
             f"{config.train.batch_size} per replica, {config.train.batch_size * replicas} "
-            f"global ({replicas} replica(s))")
+            f"global ({replicas} replica(s)); engine {engine}")
 
     dataset_path = ensure_data(config, data_dir, source_dir, is_chief=info.is_chief,
                                num_workers=prepare_workers)
     tf.keras.utils.set_random_seed(config.train.seed)
-    model = compiled_model(experiment, config)
-    check_inputs(model, config, dataset_path)
+    check_inputs(experiment.build_model(config.model), config, dataset_path)
     train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt)
     if skip_corrupt and info.is_chief:
         _report_corrupt(train_fn.files)
@@ -180,44 +187,32 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
         latest = tf.train.latest_checkpoint(str(model_dir))
         if latest:
             export_lib.check_compatible(build(), latest)
-            log(f"resuming from {latest}")
-        estimator = est_lib.to_estimator(model, config=est_lib.run_config(
-            model_dir, save_checkpoints_steps=config.train.eval_every_steps,
-            keep_checkpoint_max=config.train.keep_checkpoint_max,
-            log_every_steps=config.train.log_every_steps, train_distribute=distribute,
-            seed=config.train.seed))
-        if info.is_evaluator:
-            _log_evaluations(estimator, log)
+            if engine == "estimator":
+                fit_lib.check_estimator_can_restore(latest)
+                log(f"resuming from {latest}")
         early = None
         if config.train.early_stopping_steps:
             early = est_lib.EarlyStopping(config.best_metric,
                                           config.train.early_stopping_steps,
                                           config.higher_is_better)
-        best = export_lib.BestExporter(build, config.best_metric, config.higher_is_better,
-                                       schema=train_fn.files.schema,
-                                       features=config.data.features, log=log)
+        run = _fit if engine == "keras" else _train_and_evaluate
         with _data_errors_explained(dataset_path, train_fn, eval_fn):
-            metrics = est_lib.train_and_evaluate(
-                estimator, train_fn, eval_fn, max_steps=config.train.max_steps,
-                eval_every_steps=config.train.eval_every_steps,
-                batch_size=config.train.batch_size, replicas=replicas,
-                log_every_steps=config.train.log_every_steps, early_stopping=early,
-                exporters=[best], log=log)
+            metrics, checkpoint = run(experiment, config, model_dir=model_dir,
+                                      distribute=distribute, info=info, replicas=replicas,
+                                      train_fn=train_fn, eval_fn=eval_fn, early=early,
+                                      build=build, log=log)
         if info.is_chief:
-            if metrics is None:
-                # In a cluster only the evaluator evaluates; the chief's
-                # summary needs the final numbers too.
-                metrics = _plain(estimator.evaluate(eval_fn))
             export_dir = export_lib.export_model(
-                build, model_dir, schema=train_fn.files.schema,
+                build, model_dir, checkpoint=checkpoint, schema=train_fn.files.schema,
                 features=config.data.features, export_dir=export_dir,
-                metadata={"experiment": config.name, "metrics": metrics,
+                metadata={"experiment": config.name, "engine": engine, "metrics": metrics,
                           "dataset": dataset_path})
             if tensorboard_dir and tensorboard_dir.rstrip("/") != str(model_dir).rstrip("/"):
                 _copy_summaries(model_dir, tensorboard_dir)
         else:
             export_dir = None
-            if info.task_type == "worker" and strategy_name == "multi_worker_mirrored":
+            if (engine == "estimator" and info.task_type == "worker"
+                    and strategy_name == "multi_worker_mirrored"):
                 _remove_scratch(model_dir, info)
         step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
         return TrainResult(metrics, export_dir, step, info.task_name,
@@ -225,6 +220,93 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     finally:
         if lock:
             lock.release()
+
+
+def _engine_for(requested, model_dir):
+    """resolve_engine, except that "auto" keeps a model dir the keras engine
+    trained with the keras engine (the Estimator cannot restore it)."""
+    if (requested or "auto") == "auto":
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        latest = tf.train.latest_checkpoint(str(model_dir))
+        if latest and fit_lib.checkpoint_engine(latest) == "keras":
+            requested = "keras"
+    return engines.resolve_engine(requested)
+
+
+def check_keras_cluster(strategy_name, info):
+    """The keras engine trains synchronously and evaluates on the chief:
+    refuse the cluster shapes it cannot run, naming the engine that can."""
+    from estimator_keras.errors import ConfigError  # pylint: disable=import-outside-toplevel
+
+    if strategy_name == "parameter_server" or info.has_ps:
+        raise ConfigError(
+            "the keras engine does not run parameter-server training (Model.fit under "
+            "ParameterServerStrategy needs a coordinator program of its own); TF_CONFIG has "
+            "ps tasks or --strategy parameter_server was given. Use --engine estimator "
+            "(TensorFlow 2.15), or drop the ps tasks to train with multi_worker_mirrored.")
+    if info.is_evaluator:
+        raise ConfigError(
+            "the keras engine has no evaluator task: the chief evaluates during Model.fit. "
+            "Drop the evaluator (cluster without --evaluator, no evaluator pool), or use "
+            "--engine estimator.")
+
+
+def _train_and_evaluate(experiment, config, *, model_dir, distribute, info, replicas,
+                        train_fn, eval_fn, early, build, log):
+    """The estimator engine; returns (metrics, checkpoint to export)."""
+    estimator = est_lib.to_estimator(compiled_model(experiment, config),
+                                     config=est_lib.run_config(
+        model_dir, save_checkpoints_steps=config.train.eval_every_steps,
+        keep_checkpoint_max=config.train.keep_checkpoint_max,
+        log_every_steps=config.train.log_every_steps, train_distribute=distribute,
+        seed=config.train.seed))
+    if info.is_evaluator:
+        _log_evaluations(estimator, log)
+    best = export_lib.BestExporter(build, config.best_metric, config.higher_is_better,
+                                   schema=train_fn.files.schema,
+                                   features=config.data.features, log=log)
+    metrics = est_lib.train_and_evaluate(
+        estimator, train_fn, eval_fn, max_steps=config.train.max_steps,
+        eval_every_steps=config.train.eval_every_steps,
+        batch_size=config.train.batch_size, replicas=replicas,
+        log_every_steps=config.train.log_every_steps, early_stopping=early,
+        exporters=[best], log=log)
+    if info.is_chief and metrics is None:
+        # In a cluster only the evaluator evaluates; the chief's summary
+        # needs the final numbers too.
+        metrics = _plain(estimator.evaluate(eval_fn))
+    return metrics, None
+
+
+def _fit(experiment, config, *, model_dir, distribute, info, replicas, train_fn, eval_fn,
+         early, build, log):
+    """The keras engine; returns (metrics, checkpoint to export)."""
+    del info, replicas  # fit reads both from the strategy
+
+    def on_evaluation(checkpoint, metrics):
+        export_lib.export_if_best(build, model_dir, checkpoint, metrics, config.best_metric,
+                                  config.higher_is_better, schema=train_fn.files.schema,
+                                  features=config.data.features, log=log)
+
+    result = fit_lib.fit_and_evaluate(
+        lambda: keras_compiled_model(experiment, config),
+        lambda ctx: train_fn(input_context=ctx), lambda ctx: eval_fn(input_context=ctx),
+        model_dir=model_dir, max_steps=config.train.max_steps,
+        eval_every_steps=config.train.eval_every_steps, batch_size=config.train.batch_size,
+        strategy=distribute, keep_checkpoint_max=config.train.keep_checkpoint_max,
+        log_every_steps=config.train.log_every_steps, early_stopping=early,
+        on_evaluation=on_evaluation, log=log)
+    return result.metrics, result.checkpoint
+
+
+def keras_compiled_model(experiment, config):
+    """The experiment's model compiled for the keras engine (current Keras
+    optimizers; the Estimator needs the legacy ones)."""
+    model = experiment.build_model(config.model)
+    model.compile(optimizer=fit_lib.keras_optimizer(config.train.optimizer,
+                                                    config.train.learning_rate),
+                  loss=config.loss, metrics=experiment.metrics())
+    return model
 
 
 @contextlib.contextmanager
@@ -253,7 +335,7 @@ def _copy_summaries(model_dir, tensorboard_dir):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from estimator_keras.cloud import copy_to_remote  # pylint: disable=import-outside-toplevel
-    for sub in ("", "eval"):
+    for sub in ("", "eval") + fit_lib.SUMMARY_SUBDIRS:
         src = posixpath.join(str(model_dir), sub) if sub else str(model_dir)
         for path in tf.io.gfile.glob(posixpath.join(src, "events.out.tfevents.*")):
             dst = posixpath.join(tensorboard_dir, sub, posixpath.basename(path))
@@ -325,14 +407,20 @@ def _report_corrupt(files):
                 f"and skipping the rest of that file")
 
 
-def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None):
-    """Evaluates the latest checkpoint of ``model_dir`` on the eval split."""
+def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine="auto"):
+    """Evaluates the latest checkpoint of ``model_dir`` on the eval split
+    (a checkpoint of either engine, with either engine)."""
+    engine = _engine_for(engine, model_dir)
     dataset_path = ensure_data(config, data_dir, source_dir)
-    model = compiled_model(experiment, config)
     checkpoint = export_lib.latest_checkpoint(model_dir)
     export_lib.check_compatible(experiment.build_model(config.model), checkpoint)
     _, eval_fn = input_fns(config, dataset_path)
-    estimator = est_lib.to_estimator(model, config=est_lib.run_config(model_dir))
+    if engine == "keras":
+        return fit_lib.evaluate_checkpoint(lambda: keras_compiled_model(experiment, config),
+                                           checkpoint, eval_fn())
+    fit_lib.check_estimator_can_restore(checkpoint)
+    estimator = est_lib.to_estimator(compiled_model(experiment, config),
+                                     config=est_lib.run_config(model_dir))
     return _plain(estimator.evaluate(eval_fn, checkpoint_path=checkpoint))
 
 

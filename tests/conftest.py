@@ -2,10 +2,15 @@
 
 import os
 
-import numpy as np
-import pytest
+from estimator_keras import engines
 
-from support import FASHION, cli
+# Before any test module imports TensorFlow: Keras 2 as tf.keras on TF 2.16+.
+engines.prefer_legacy_keras()
+
+import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
+import pytest  # noqa: E402  pylint: disable=wrong-import-position
+
+from support import FASHION, cli  # noqa: E402  pylint: disable=wrong-import-position
 
 
 @pytest.fixture

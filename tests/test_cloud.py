@@ -551,3 +551,20 @@ def test_cli_tfjob_writes_manifest_file(tmp_path, capsys):
     with pytest.raises(UsageError, match="--image"):
         submit_cmd.run(parse(["fashion_mnist_cnn", "--target", "tfjob", "--job-dir",
                               "gs://my-bucket/r"]), known_experiments=lambda name: object())
+
+
+def test_cli_engine_is_forwarded_and_checked(capsys, tmp_path):
+    argv = ["fashion_mnist_cnn", "--project", "my-project-123", "--region", "us-central1",
+            "--job-dir", "gs://my-bucket/run1", "--workers", "1", "--engine", "keras",
+            "--dry-run"]
+    with mock.patch("subprocess.run") as run, \
+            mock.patch.object(cloud, "default_project_root", return_value=str(tmp_path)):
+        assert submit_cmd.run(parse(argv), known_experiments=lambda name: object()) == 0
+    run.assert_not_called()
+    request = json.loads(capsys.readouterr().out.partition("\n\n")[0])
+    for pool in request["jobSpec"]["workerPoolSpecs"]:
+        args = pool["pythonPackageSpec"]["args"]
+        assert args[args.index("--engine") + 1] == "keras"
+    for extra in (["--ps", "1"], ["--evaluator"]):
+        with pytest.raises(ConfigError, match="--engine estimator"):
+            submit_cmd.run(parse(argv + extra), known_experiments=lambda name: object())

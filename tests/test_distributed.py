@@ -214,11 +214,12 @@ def _files_named(root, predicate):
 
 def test_parameter_server_cluster_with_evaluator(data_dir, tmp_path):
     model_dir = tmp_path / "ps-model"
-    # 1000 steps: the worker starts 5 s after the chief (the Estimator's
-    # per-index delay), so it needs a run long enough to join the training.
-    max_steps = 1000
+    # 3000 steps: the worker starts 5 s after the chief (the Estimator's
+    # per-index delay), and an idle machine runs this MLP at ~300 steps/s, so
+    # the run must be long enough for the worker to join the training.
+    max_steps = 3000
     run = Cluster(model_dir, tmp_path / "ps-logs", ["--workers", "1", "--ps", "1", "--evaluator"],
-                  _train_flags(data_dir, max_steps, 500, log_every=50)).run()
+                  _train_flags(data_dir, max_steps, 1000, log_every=50)).run()
     try:
         assert run.returncode == 0, run.output()[-3000:]
         assert set(run.pids()) == {"chief-0", "worker-0", "ps-0", "evaluator-0"}

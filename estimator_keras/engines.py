@@ -1,0 +1,113 @@
+"""Which training engine runs an experiment: ``estimator`` or ``keras``.
+
+- ``estimator``: ``tf.keras.estimator.model_to_estimator`` and
+  ``tf.estimator.train_and_evaluate`` (TensorFlow <= 2.15 with
+  ``tensorflow-estimator``; see :mod:`estimator_keras.estimator`).
+- ``keras``: ``Model.fit`` under ``tf.distribute`` strategies (any
+  TensorFlow 2.15+; on 2.16+ with Keras 2 from the ``tf-keras`` package; see
+  :mod:`estimator_keras.fit`).
+
+Both read the same TFRecords through the same input pipeline and write
+checkpoints with the same object-based keys, so exports and weights move
+between them.
+
+Example::
+
+    from estimator_keras import engines
+    engine = engines.resolve_engine("auto")   # "estimator" on TF 2.15, else "keras"
+"""
+
+import importlib.util
+import os
+import sys
+
+from estimator_keras.errors import ConfigError
+
+ENGINES = ("estimator", "keras")
+CHOICES = ("auto",) + ENGINES
+
+LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
+
+
+def prefer_legacy_keras(environ=os.environ):
+    """Asks TensorFlow 2.16+ for Keras 2 (``tf-keras``) as ``tf.keras``.
+
+    Sets ``TF_USE_LEGACY_KERAS=1`` unless the user set it, TensorFlow is
+    already imported (too late to matter) or ``tf_keras`` is not installed
+    (TensorFlow 2.15 then fails to import ``tf.keras`` at all). Returns
+    whether the variable is now "1".
+    """
+    if LEGACY_KERAS_VARIABLE not in environ and "tensorflow" not in sys.modules:
+        if importlib.util.find_spec("tf_keras") is not None:
+            environ[LEGACY_KERAS_VARIABLE] = "1"
+    return environ.get(LEGACY_KERAS_VARIABLE) == "1"
+
+
+def keras_major_version():
+    """2 when ``tf.keras`` is Keras 2 (TF 2.15's own, or tf-keras), else 3."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    try:
+        module = tf.keras.Model.__module__
+    except (ImportError, AttributeError):
+        return None
+    # Keras 2 keeps Model in ".engine.training"; Keras 3 in ".models.model".
+    return 2 if ".engine." in module else 3
+
+
+def estimator_available():
+    """True when ``tf.estimator`` really imports (it ends at TensorFlow 2.15)."""
+    if importlib.util.find_spec("tensorflow_estimator") is None:
+        return False
+    try:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        return hasattr(tf, "estimator") and hasattr(tf.estimator, "Estimator")
+    except Exception:  # pylint: disable=broad-except  (a broken install is "not available")
+        return False
+
+
+def tensorflow_version():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf.__version__
+
+
+def check_keras2(engine):
+    """Raises ConfigError unless ``tf.keras`` is Keras 2, which both engines need."""
+    major = keras_major_version()
+    if major == 2:
+        return
+    version = tensorflow_version()
+    if major is None:
+        found = "tf.keras does not import"
+    else:
+        found = "tf.keras is Keras 3"
+    raise ConfigError(
+        f"the {engine} engine needs Keras 2 as tf.keras, but {found} (TensorFlow "
+        f"{version}, {LEGACY_KERAS_VARIABLE}={os.environ.get(LEGACY_KERAS_VARIABLE, '(unset)')}). "
+        f"On TensorFlow 2.16+ install Keras 2 beside TensorFlow with `pip install --no-deps "
+        f"'tf-keras~={'.'.join(version.split('.')[:2])}.0'` and set {LEGACY_KERAS_VARIABLE}=1 "
+        f"before TensorFlow is imported (estimator_keras sets it when tf-keras is installed).")
+
+
+def resolve_engine(requested="auto"):
+    """The engine to train with: ``requested``, or for "auto" (or None)
+    ``estimator`` where ``tensorflow_estimator`` imports, else ``keras``.
+
+    Raises:
+      ConfigError: an unknown name, the estimator engine where the Estimator
+        does not exist, or no Keras 2.
+    """
+    requested = requested or "auto"
+    if requested not in CHOICES:
+        raise ConfigError(f"unknown engine {requested!r}; expected one of {', '.join(CHOICES)}.")
+    if requested == "auto":
+        requested = "estimator" if estimator_available() else "keras"
+    if requested == "estimator" and not estimator_available():
+        raise ConfigError(
+            f"the estimator engine needs tf.estimator, which ended with TensorFlow 2.15 and "
+            f"tensorflow-estimator 2.15 (this is TensorFlow {tensorflow_version()}"
+            f"{'' if importlib.util.find_spec('tensorflow_estimator') else ', without tensorflow-estimator'}"
+            f"). Use --engine keras (Model.fit) here, or install tensorflow-cpu==2.15.* and "
+            f"tensorflow-estimator==2.15.* on Python <= 3.11.")
+    check_keras2(requested)
+    return requested
