@@ -86,7 +86,8 @@ def check_keras2(engine):
         f"{version}, {LEGACY_KERAS_VARIABLE}={os.environ.get(LEGACY_KERAS_VARIABLE, '(unset)')}). "
         f"On TensorFlow 2.16+ install Keras 2 beside TensorFlow with `pip install --no-deps "
         f"'tf-keras~={'.'.join(version.split('.')[:2])}.0'` and set {LEGACY_KERAS_VARIABLE}=1 "
-        f"before TensorFlow is imported (estimator_keras sets it when tf-keras is installed).")
+        f"before TensorFlow is imported (importing estimator_keras before tensorflow sets it "
+        f"when tf-keras is installed).")
 
 
 def resolve_engine(requested="auto"):

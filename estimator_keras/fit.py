@@ -4,8 +4,9 @@
 It keeps the Estimator engine's contract, so that experiments, exports and
 the cluster commands do not change:
 
-- checkpoints in ``MODEL_DIR`` every ``eval_every_steps`` steps, object-based
-  with the model as root (the same weight keys the Estimator writes), so
+- checkpoints in ``MODEL_DIR`` at the start and every ``eval_every_steps``
+  steps, object-based with the model as root (the same weight keys the
+  Estimator writes), so
   :func:`estimator_keras.export.export_model` and ``evaluate`` read either;
 - evaluation on the eval split after every checkpoint, logged as
   ``evaluated step N: ...``; TensorBoard summaries in ``MODEL_DIR/train`` and
@@ -121,7 +122,7 @@ def _task(strategy):
 
 
 def _make_callbacks(tf, *, model_dir, max_steps, log_every_steps, batch_size, replicas,
-                    manager, is_chief, log, on_evaluation):
+                    manager, is_chief, log, on_evaluation, first_run):
     """The callbacks that give ``fit`` the Estimator engine's behaviour."""
 
     class Steps(tf.keras.callbacks.Callback):
@@ -143,8 +144,8 @@ def _make_callbacks(tf, *, model_dir, max_steps, log_every_steps, batch_size, re
                 self.loss = float(loss)
                 if not math.isfinite(self.loss):
                     raise NumericalError(
-                        f"training stopped at step {step}: the loss became "
-                        f"{self.loss}. The last good checkpoint is "
+                        f"training stopped at step {step}: the loss became NaN or "
+                        f"infinite ({self.loss}). The last good checkpoint is "
                         f"{manager.latest_checkpoint or '(none written yet)'}. Lower the "
                         f"learning rate (--hparams learning_rate=...) or check the inputs "
                         f"for NaNs.")
@@ -175,6 +176,13 @@ def _make_callbacks(tf, *, model_dir, max_steps, log_every_steps, batch_size, re
             super().__init__()
             self.saved = None
 
+        def on_train_begin(self, logs=None):
+            if first_run:
+                # Like the Estimator: a checkpoint of the initial weights, so
+                # a run that fails early still leaves a good one.
+                self.saved = manager.save(
+                    checkpoint_number=int(self.model.optimizer.iterations.numpy()))
+
         def on_epoch_end(self, epoch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
             self.saved = manager.save(checkpoint_number=step)
@@ -187,8 +195,10 @@ def _make_callbacks(tf, *, model_dir, max_steps, log_every_steps, batch_size, re
                     on_evaluation(self.saved, dict(metrics, global_step=step))
 
     steps, checkpoints = Steps(), Checkpoints()
-    callbacks = [steps, checkpoints,
-                 tf.keras.callbacks.BackupAndRestore(posixpath.join(str(model_dir), BACKUP_DIR))]
+    # The backup first: then a checkpoint in MODEL_DIR never outruns the
+    # backup, and a restart never restores an older state than it has.
+    callbacks = [tf.keras.callbacks.BackupAndRestore(posixpath.join(str(model_dir), BACKUP_DIR)),
+                 steps, checkpoints]
     if importlib.util.find_spec("tensorboard") is not None:
         callbacks.append(tf.keras.callbacks.TensorBoard(
             str(model_dir), update_freq=log_every_steps, profile_batch=0))
@@ -236,6 +246,8 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    from estimator_keras.engines import check_keras2  # pylint: disable=import-outside-toplevel
+    check_keras2("keras")
     if max_steps is None or int(max_steps) < 1:
         raise UsageError(f"max_steps must be a positive integer; given {max_steps!r}.")
     if eval_every_steps is None or int(eval_every_steps) < 1:
@@ -249,6 +261,10 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
     replicas = int(scope_strategy.num_replicas_in_sync)
     tf.io.gfile.makedirs(model_dir)
 
+    # Read before building the model: under MultiWorkerMirroredStrategy
+    # building syncs the workers, so no task can have written a checkpoint
+    # yet and every task sees the same answer.
+    latest = tf.train.latest_checkpoint(model_dir)
     with scope_strategy.scope():
         model = build_compiled_model()
         if model.optimizer is None:
@@ -259,7 +275,6 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
         manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_NAME)
         backup = posixpath.join(model_dir, BACKUP_DIR)
-        latest = tf.train.latest_checkpoint(model_dir)
         backed_up = _backup_checkpoint(tf, backup)
         if latest and not backed_up:
             # A finished (or Estimator-trained) run: continue from its last
@@ -290,7 +305,7 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
     callbacks, checkpoints = _make_callbacks(
         tf, model_dir=model_dir, max_steps=max_steps, log_every_steps=log_every_steps,
         batch_size=batch_size, replicas=replicas, manager=manager, is_chief=is_chief,
-        log=log, on_evaluation=on_evaluation)
+        log=log, on_evaluation=on_evaluation, first_run=latest is None)
     if early_stopping is not None:
         callbacks.append(tf.keras.callbacks.EarlyStopping(
             monitor="val_" + early_stopping.metric,

@@ -234,6 +234,34 @@ def _setup_logging(verbose):
     logging.getLogger("absl").setLevel(logging.INFO if verbose else logging.ERROR)
 
 
+# Commands that import TensorFlow (the others stay fast without it).
+_TENSORFLOW_COMMANDS = ("prepare", "inspect", "train", "evaluate", "export")
+
+
+def _import_tensorflow_quietly():
+    """Imports TensorFlow with the stderr file descriptor pointed at /dev/null.
+
+    TensorFlow 2.16+ prints absl and oneDNN lines from C++ while its libraries
+    load, before TF_CPP_MIN_LOG_LEVEL or any Python logging setting applies;
+    they would bury the one-paragraph errors and progress lines. A failing
+    import is left for the command to raise again, with its message.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w", encoding="utf-8") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+            except Exception:  # pylint: disable=broad-except
+                pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -241,6 +269,8 @@ def main(argv=None):
     if extra and args.command != "cluster":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging(args.verbose)
+    if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
+        _import_tensorflow_quietly()
     try:
         if args.command == "cluster":
             from experiments import cluster_cmd  # pylint: disable=import-outside-toplevel

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from benchmarks import common, input_table, legacy, training_table, writing_table
 from benchmarks.common import IMAGE, LABEL
+from support import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_TRAIN, N_TEST, BATCH = 200, 40, 16
@@ -335,3 +336,13 @@ def test_cli_rejects_unknown_table():
     from benchmarks import cli  # pylint: disable=import-outside-toplevel
     with pytest.raises(SystemExit):
         cli.parse_tables("input,nope")
+
+
+def test_engine_matrix_runs_a_case_and_reports_it():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_matrix", "--keras", "2", "--cases", "fit",
+         "--timeout", "120"], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("Keras 2")]
+    assert len(line) == 1 and line[0].split()[2:4] == ["fit", "ok"], proc.stdout

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from estimator_keras import inputs, records
+from estimator_keras import engines, inputs, records
 from estimator_keras.cluster import ClusterInfo
 from experiments import registry
 from experiments import train as train_lib
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow
 PYTHON = sys.executable
 EXPERIMENT = "fashion_mnist_mlp"
 STARTED = re.compile(r"Started (\w+-\d+) \(pid (\d+)\)")
+needs_estimator = pytest.mark.skipif(not engines.estimator_available(),
+                                     reason="tf.estimator ends at TF 2.15")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -163,13 +165,14 @@ def _assert_rates(log, examples_per_step):
 
 def _global_step(model_dir):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from estimator_keras.fit import checkpoint_step  # pylint: disable=import-outside-toplevel
     checkpoint = tf.train.latest_checkpoint(model_dir)
     assert checkpoint, f"no checkpoint in {model_dir}"
-    reader = tf.train.load_checkpoint(checkpoint)
-    # Object-based checkpoints name it after the Estimator's tracked variable.
-    key = next(k for k in ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step")
-               if reader.has_tensor(k))
-    return int(reader.get_tensor(key)), checkpoint
+    # Either engine's: the Estimator's global step, or the keras engine's
+    # optimizer iterations.
+    step = checkpoint_step(checkpoint)
+    assert step is not None, f"no step in {checkpoint}"
+    return step, checkpoint
 
 
 def _load_in_plain_keras(export_dir, cwd):
@@ -212,6 +215,7 @@ def _files_named(root, predicate):
 
 # --------------------------------------------------------------------------- ps
 
+@needs_estimator
 def test_parameter_server_cluster_with_evaluator(data_dir, tmp_path):
     model_dir = tmp_path / "ps-model"
     # 3000 steps: the worker starts 5 s after the chief (the Estimator's
@@ -270,6 +274,7 @@ def test_parameter_server_cluster_with_evaluator(data_dir, tmp_path):
 
 # --------------------------------------------------------------------------- multi-worker
 
+@needs_estimator
 def test_multi_worker_mirrored_export_equals_last_checkpoint(data_dir, tmp_path):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -384,12 +389,13 @@ def test_multi_worker_pipelines_split_the_training_data(id_datasets, shards):
 
 # --------------------------------------------------------------------------- failure
 
-def test_killed_worker_fails_the_run_and_a_rerun_resumes(data_dir, tmp_path):
+@pytest.mark.parametrize("engine", [pytest.param("estimator", marks=needs_estimator), "keras"])
+def test_killed_worker_fails_the_run_and_a_rerun_resumes(data_dir, tmp_path, engine):
     model_dir = tmp_path / "kill-model"
     max_steps, every = 600, 100
     flags = (["--workers", "1"],
              _train_flags(data_dir, max_steps, every, "--strategy", "multi_worker_mirrored",
-                          log_every=50))
+                          "--engine", engine, log_every=50))
     first = Cluster(model_dir, tmp_path / "kill-logs-1", *flags, timeout=120).start()
     try:
         # Mid-training: once the first checkpoint after step 0 is on disk.
@@ -418,7 +424,13 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes(data_dir, tmp_path):
         chief = second.log("chief-0")
     finally:
         second.assert_nothing_left()
-    assert f"resuming from {model_dir}/model.ckpt-{before}" in chief, chief[-2000:]
+    if engine == "estimator":
+        assert f"resuming from {model_dir}/model.ckpt-{before}" in chief, chief[-2000:]
+    else:
+        # BackupAndRestore's backup is never older than the model dir's
+        # latest checkpoint (written after it), else the checkpoint is used.
+        assert ("restoring the interrupted run" in chief
+                or f"resuming from {model_dir}/model.ckpt-{before}" in chief), chief[-2000:]
     steps = [int(s) for s in re.findall(r"\] step (\d+)", chief)]
     assert steps and min(steps) > before, steps
     step, _ = _global_step(str(model_dir))

@@ -59,7 +59,7 @@ def test_trains_evaluates_checkpoints_and_exports(keras_run):
     assert _accuracy(out) > 0.55, out  # chance is 0.10
     assert "evaluated step 75:" in err and "evaluated step 150:" in err
     assert "examples/s" in err
-    assert checkpoint_steps(model_dir) == [75, 150]
+    assert checkpoint_steps(model_dir) == [0, 75, 150]  # 0: the initial weights
     info = json.loads((model_dir / "export" / "export.json").read_text())
     assert info["global_step"] == 150 and info["engine"] == "keras"
     for name in ("model.h5", "weights.h5", "saved_model/saved_model.pb"):
@@ -161,7 +161,7 @@ def test_chief_and_worker_cluster_on_localhost(fashion_data, tmp_path):
     worker = (tmp_path / "logs" / "worker-0.log").read_text()
     assert "strategy multi_worker_mirrored" in chief and "2 replica(s)" in chief
     assert "exported:" in chief and "exported:" not in worker
-    assert checkpoint_steps(model_dir) == [30, 60]
+    assert checkpoint_steps(model_dir) == [0, 30, 60]
     assert not [n for n in os.listdir(model_dir) if n.startswith("tmp_worker")]
     # Each worker evaluated its share of the eval split: together, all of it
     # once, as a single process evaluating the same checkpoint finds.
@@ -274,3 +274,24 @@ def test_keras3_loads_the_exports(keras_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "weights.npy"), expected, atol=1e-6)
     np.testing.assert_allclose(np.load(tmp_path / "model.npy"), expected, atol=1e-6)
+
+
+def test_engine_choice_errors_name_the_fix(tmp_path):
+    from estimator_keras.errors import ConfigError  # pylint: disable=import-outside-toplevel
+
+    with pytest.raises(ConfigError, match="unknown engine 'nope'"):
+        engines.resolve_engine("nope")
+    if ESTIMATOR:
+        assert engines.resolve_engine("auto") == "estimator"
+    else:
+        assert engines.resolve_engine("auto") == "keras"
+        with pytest.raises(ConfigError, match="--engine keras"):
+            engines.resolve_engine("estimator")
+    if not _keras3_available():
+        return
+    # Keras 3 as tf.keras: the CLI refuses with what to install, exit 2.
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="0", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    rc, _, err = cli("train", "fashion_mnist_cnn", "--model-dir", tmp_path / "m", "--data-dir",
+                     tmp_path / "d", "--engine", "keras", env=env, timeout=120)
+    assert rc == 2, err[-2000:]
+    assert "needs Keras 2" in err and "tf-keras" in err and "TF_USE_LEGACY_KERAS=1" in err
