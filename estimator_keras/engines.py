@@ -43,6 +43,44 @@ def prefer_legacy_keras(environ=os.environ):
     return environ.get(LEGACY_KERAS_VARIABLE) == "1"
 
 
+def _installed(*distributions):
+    """The version of the first installed distribution of these names, or None."""
+    from importlib import metadata  # pylint: disable=import-outside-toplevel
+
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def describe():
+    """(engine, what this environment offers for it) for each engine, from
+    package metadata alone: quick, and TensorFlow is not imported."""
+    tf_version = _installed("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
+                            "tensorflow-intel", "tensorflow-macos")
+    if tf_version is None:
+        return [(e, "not available: TensorFlow is not installed") for e in ENGINES]
+    old_tf = tuple(int(p) for p in tf_version.split(".")[:2] if p.isdigit()) < (2, 16)
+    estimator = _installed("tensorflow-estimator")
+    tf_keras = _installed("tf-keras")
+    if estimator and old_tf:
+        est = f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})"
+    else:
+        est = (f"not available: tf.estimator ended with TensorFlow 2.15 (this is "
+               f"{tf_version})" if not old_tf else "not available: tensorflow-estimator "
+               "is not installed")
+    if old_tf:
+        keras = f"available (TensorFlow {tf_version}, its own Keras 2)"
+    elif tf_keras:
+        keras = f"available (TensorFlow {tf_version}, tf-keras {tf_keras})"
+    else:
+        keras = (f"not available: TensorFlow {tf_version} needs tf-keras for Keras 2 "
+                 f"(pip install --no-deps 'tf-keras~={'.'.join(tf_version.split('.')[:2])}.0')")
+    return [("estimator", est), ("keras", keras)]
+
+
 def keras_major_version():
     """2 when ``tf.keras`` is Keras 2 (TF 2.15's own, or tf-keras), else 3."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -146,6 +146,10 @@ def cmd_list(args):  # pylint: disable=unused-argument
     print("datasets:")
     for name, (description, _) in sorted(datasets.DATASETS.items()):
         print(f"  {name:<20} {description}")
+    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+    print("engines (--engine auto: estimator where available, else keras):")
+    for name, status in engines.describe():
+        print(f"  {name:<20} {status}")
     return 0
 
 

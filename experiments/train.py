@@ -254,6 +254,8 @@ def check_keras_cluster(strategy_name, info):
 def _train_and_evaluate(experiment, config, *, model_dir, distribute, info, replicas,
                         train_fn, eval_fn, early, build, log):
     """The estimator engine; returns (metrics, checkpoint to export)."""
+    if not info.is_chief:
+        _wait_for_warm_start(model_dir, log)
     estimator = est_lib.to_estimator(compiled_model(experiment, config),
                                      config=est_lib.run_config(
         model_dir, save_checkpoints_steps=config.train.eval_every_steps,
@@ -276,6 +278,27 @@ def _train_and_evaluate(experiment, config, *, model_dir, distribute, info, repl
         # needs the final numbers too.
         metrics = _plain(estimator.evaluate(eval_fn))
     return metrics, None
+
+
+def _wait_for_warm_start(model_dir, log):
+    """model_to_estimator writes the initial weights to MODEL_DIR/keras/ unless
+    a checkpoint is there; tasks writing it at the same time break each
+    other's save ("MergeV2Checkpoints ... No such file"). The chief writes it;
+    the other tasks wait for it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    keras_dir = posixpath.join(str(model_dir), "keras")
+    deadline = time.monotonic() + DATA_WAIT_SECS
+    waited = False
+    while not tf.train.latest_checkpoint(keras_dir):
+        if time.monotonic() > deadline:
+            raise DataError(f"the chief did not write the initial weights to {keras_dir} "
+                            f"within {DATA_WAIT_SECS} s; is the chief task running with the "
+                            f"same --model-dir?")
+        if not waited:
+            log(f"waiting for the chief to write the initial weights to {keras_dir}")
+            waited = True
+        time.sleep(0.5)
 
 
 def _fit(experiment, config, *, model_dir, distribute, info, replicas, train_fn, eval_fn,

@@ -18,6 +18,11 @@ def test_list_shows_every_experiment():
     assert rc == 0
     for name in ("fashion_mnist_cnn", "fashion_mnist_mlp", "mnist_cnn", "shapes_unet"):
         assert name in out
+    # Both test environments can run the keras engine; only TF 2.15 the Estimator.
+    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+    assert re.search(r"\n  keras +available \(TensorFlow", out), out
+    estimator = re.search(r"\n  estimator +(\S+)", out).group(1)
+    assert estimator == ("available" if engines.estimator_available() else "not"), out
 
 
 @pytest.mark.parametrize("command", ["list", "prepare", "inspect", "train", "evaluate",
