@@ -107,8 +107,9 @@ def check_estimator_can_restore(checkpoint):
 
 
 def _scratch_dir(model_dir, task_id):
-    # Non-chief workers must write checkpoints too (the collective ops of a
-    # save run on every worker); into a folder nobody reads, removed after.
+    # Every worker saves when the chief does, as Keras' own callbacks do under
+    # MultiWorkerMirroredStrategy, so that the tasks stay in step; the
+    # non-chief copies go to a folder nobody reads, removed at the end.
     return posixpath.join(str(model_dir), f"tmp_worker_{task_id}")
 
 

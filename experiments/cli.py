@@ -292,6 +292,16 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("tensorflow", "tensorflow_estimator", "tf_keras"):
+            _fail(e, args.verbose, internal=True)
+            return 1
+        _fail(EstimatorKerasError(
+            f"{e.name} is not installed, and `{args.command}` needs it. Install TensorFlow with "
+            f"this package's extras: pip install 'estimator-keras[cpu]' (TensorFlow 2.15 + "
+            f"tf.estimator; [gpu] with CUDA), or 'estimator-keras[keras-cpu]' plus pip install "
+            f"--no-deps 'tf-keras~=2.21.0' (TensorFlow 2.21, keras engine)."), args.verbose)
+        return 1
     except Exception as e:  # pylint: disable=broad-except
         _fail(e, args.verbose, internal=True)
         return 1

@@ -113,3 +113,19 @@ def test_sigkilled_train_resumes_and_finishes(fashion_data, tmp_path):
     assert checkpoint_steps(model_dir)[-1] == target
     assert not (model_dir / ".train.lock").exists()
     assert json.loads((model_dir / "export" / "export.json").read_text())["global_step"] == target
+
+
+def test_missing_tensorflow_is_explained(tmp_path):
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from support import ROOT, child_env  # pylint: disable=import-outside-toplevel
+
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "from experiments.cli import main\n"
+            f"sys.exit(main(['inspect', {str(tmp_path)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "tensorflow is not installed" in proc.stderr and "estimator-keras[cpu]" in proc.stderr
+    assert "Traceback" not in proc.stderr
