@@ -168,7 +168,9 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     dataset_path = ensure_data(config, data_dir, source_dir, is_chief=info.is_chief,
                                num_workers=prepare_workers)
     tf.keras.utils.set_random_seed(config.train.seed)
-    check_inputs(experiment.build_model(config.model), config, dataset_path)
+    # One uncompiled copy checks the records and any checkpoint against the model.
+    probe = experiment.build_model(config.model)
+    check_inputs(probe, config, dataset_path)
     train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt)
     if skip_corrupt and info.is_chief:
         _report_corrupt(train_fn.files)
@@ -186,7 +188,7 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
             export_lib.recover_export(posixpath.join(str(model_dir), export_lib.EXPORT_DIR))
         latest = tf.train.latest_checkpoint(str(model_dir))
         if latest:
-            export_lib.check_compatible(build(), latest)
+            export_lib.check_compatible(probe, latest)
             if engine == "estimator":
                 fit_lib.check_estimator_can_restore(latest)
                 log(f"resuming from {latest}")
