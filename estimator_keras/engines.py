@@ -128,6 +128,26 @@ def check_keras2(engine):
         f"when tf-keras is installed).")
 
 
+def check_keras_cluster(ps=None, evaluator=None):
+    """Refuses parameter servers and an evaluator task for the keras engine,
+    which trains synchronously and evaluates on the chief.
+
+    Args:
+      ps, evaluator: how the caller asked for them ("--ps 1", "ps tasks in
+        TF_CONFIG"...), or None when it did not.
+
+    Raises:
+      ConfigError: naming what was asked and the engine that can run it.
+    """
+    asked = " and ".join(a for a in (ps, evaluator) if a)
+    if asked:
+        raise ConfigError(
+            f"the keras engine trains with Model.fit under MultiWorkerMirroredStrategy and "
+            f"evaluates on the chief: it runs no parameter servers and no evaluator task, so "
+            f"{asked} cannot be used with it. Drop {asked}, or use --engine estimator "
+            f"(TensorFlow 2.15).")
+
+
 def resolve_engine(requested="auto"):
     """The engine to train with: ``requested``, or for "auto" (or None)
     ``estimator`` where ``tensorflow_estimator`` imports, else ``keras``.
@@ -139,9 +159,10 @@ def resolve_engine(requested="auto"):
     requested = requested or "auto"
     if requested not in CHOICES:
         raise ConfigError(f"unknown engine {requested!r}; expected one of {', '.join(CHOICES)}.")
+    available = estimator_available()
     if requested == "auto":
-        requested = "estimator" if estimator_available() else "keras"
-    if requested == "estimator" and not estimator_available():
+        requested = "estimator" if available else "keras"
+    if requested == "estimator" and not available:
         raise ConfigError(
             f"the estimator engine needs tf.estimator, which ended with TensorFlow 2.15 and "
             f"tensorflow-estimator 2.15 (this is TensorFlow {tensorflow_version()}"

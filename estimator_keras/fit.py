@@ -6,8 +6,8 @@ the cluster commands do not change:
 
 - checkpoints in ``MODEL_DIR`` at the start and every ``eval_every_steps``
   steps, object-based with the model as root (the same weight keys the
-  Estimator writes), so
-  :func:`estimator_keras.export.export_model` and ``evaluate`` read either;
+  Estimator writes), so :func:`estimator_keras.export.export_model` and
+  ``evaluate`` read either;
 - evaluation on the eval split after every checkpoint, logged as
   ``evaluated step N: ...``; TensorBoard summaries in ``MODEL_DIR/train`` and
   ``MODEL_DIR/validation``;

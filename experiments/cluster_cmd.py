@@ -80,15 +80,10 @@ def _flag_value(argv, flag):
 def _check_engine(args, command):
     # Refuse here, before any task starts, what the keras engine's tasks
     # would refuse one by one.
-    if _flag_value(command, "--engine") != "keras":
-        return
-    if args.ps or args.evaluator:
-        asked = " and ".join(x for x, on in (("--ps", args.ps), ("--evaluator", args.evaluator))
-                             if on)
-        raise UsageError(
-            f"--engine keras trains with Model.fit under MultiWorkerMirroredStrategy: it has no "
-            f"parameter servers and evaluates on the chief, so {asked} cannot be used with it. "
-            f"Drop {asked}, or use --engine estimator (TensorFlow 2.15).")
+    if _flag_value(command, "--engine") == "keras":
+        from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+        engines.check_keras_cluster(ps="--ps" if args.ps else None,
+                                    evaluator="--evaluator" if args.evaluator else None)
 
 
 def _task_env():

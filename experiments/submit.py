@@ -139,11 +139,10 @@ def _check_strategy(args) -> None:
             "--strategy %s does not use parameter servers, but --ps %d asks for some: "
             "use --strategy parameter_server (or auto), or drop --ps."
             % (args.strategy, args.ps))
-    if getattr(args, "engine", None) == "keras" and (args.ps or args.evaluator):
-        raise ConfigError(
-            "--engine keras trains with Model.fit and evaluates on the chief: it runs no "
-            "parameter servers and no evaluator, so drop --ps/--evaluator, or use --engine "
-            "estimator.")
+    if getattr(args, "engine", None) == "keras":
+        from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+        engines.check_keras_cluster(ps="--ps" if args.ps else None,
+                                    evaluator="--evaluator" if args.evaluator else None)
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")

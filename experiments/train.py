@@ -144,7 +144,10 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     strategy_name = cluster_lib.choose_strategy(
         strategy, info, cluster_lib.local_gpu_count() if strategy in ("auto", "mirrored") else 0)
     if engine == "keras":
-        check_keras_cluster(strategy_name, info)
+        # choose_strategy has already refused parameter_server without ps tasks.
+        engines.check_keras_cluster(
+            ps="the ps tasks in TF_CONFIG" if info.has_ps else None,
+            evaluator="an evaluator task (TF_CONFIG)" if info.is_evaluator else None)
     distribute = cluster_lib.make_train_distribute(strategy_name, cluster_info=info)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -233,24 +236,6 @@ def _engine_for(requested, model_dir):
         if latest and fit_lib.checkpoint_engine(latest) == "keras":
             requested = "keras"
     return engines.resolve_engine(requested)
-
-
-def check_keras_cluster(strategy_name, info):
-    """The keras engine trains synchronously and evaluates on the chief:
-    refuse the cluster shapes it cannot run, naming the engine that can."""
-    from estimator_keras.errors import ConfigError  # pylint: disable=import-outside-toplevel
-
-    if strategy_name == "parameter_server" or info.has_ps:
-        raise ConfigError(
-            "the keras engine does not run parameter-server training (Model.fit under "
-            "ParameterServerStrategy needs a coordinator program of its own); TF_CONFIG has "
-            "ps tasks or --strategy parameter_server was given. Use --engine estimator "
-            "(TensorFlow 2.15), or drop the ps tasks to train with multi_worker_mirrored.")
-    if info.is_evaluator:
-        raise ConfigError(
-            "the keras engine has no evaluator task: the chief evaluates during Model.fit. "
-            "Drop the evaluator (cluster without --evaluator, no evaluator pool), or use "
-            "--engine estimator.")
 
 
 def _train_and_evaluate(experiment, config, *, model_dir, distribute, info, replicas,
