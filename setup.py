@@ -3,7 +3,7 @@
 import os
 import re
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -28,7 +28,10 @@ setup(
                 "input pipelines, train_and_evaluate, clusters, Keras-loadable exports.",
     long_description=_readme(),
     long_description_content_type="text/markdown",
-    packages=["estimator_keras", "experiments", "benchmarks"],
+    # benchmarks/ runs from a checkout (`python -m benchmarks`); it is not
+    # installed into users' site-packages.
+    packages=find_packages(include=["estimator_keras", "estimator_keras.*", "experiments",
+                                    "experiments.*"]),
     # tf.estimator ends at TensorFlow 2.15 (Python <= 3.11); the keras engine
     # runs on newer TensorFlow and Python too.
     python_requires=">=3.9",
@@ -39,7 +42,7 @@ setup(
     #   pip install "estimator-keras[keras]" TF 2.16-2.21 + tf-keras (keras engine)
     #   pip install "estimator-keras[keras-cpu]" && pip install --no-deps "tf-keras~=2.21.0"
     #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
-    install_requires=[],
+    install_requires=["pyyaml"],
     extras_require={
         "cpu": ["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
         "gpu": ["tensorflow[and-cuda]==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],

@@ -108,13 +108,13 @@ class EstimatorRun(_Run):
                  train_fn=None):
         super().__init__(name, description)
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        from estimator_keras import estimator as est_lib  # pylint: disable=import-outside-toplevel
-        from experiments import train as train_lib  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
+        from experiments import context  # pylint: disable=import-outside-toplevel
 
         start = time.perf_counter()
         tf.keras.utils.set_random_seed(config.train.seed)
-        model = train_lib.compiled_model(experiment, config)
-        self.train_fn, self.eval_fn = train_lib.input_fns(config, path)
+        model = est_lib.compile_for_estimator(context.experiment_plan(experiment, config))
+        self.train_fn, self.eval_fn = context.input_fns(config, path)
         if train_fn is not None:
             self.train_fn = train_fn
         model_dir = os.path.join(workdir, "accuracy", name)
@@ -163,13 +163,14 @@ class KerasRun(_Run):
     def __init__(self, name, description, experiment, config, arrays, test_arrays, eval_every):
         super().__init__(name, description)
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        from experiments import train as train_lib  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
+        from experiments import context  # pylint: disable=import-outside-toplevel
 
         start = time.perf_counter()
         self.experiment, self.config = experiment, config
         self._restore_classes()
         tf.keras.utils.set_random_seed(config.train.seed)
-        self.model = train_lib.compiled_model(experiment, config)
+        self.model = est_lib.compile_for_estimator(context.experiment_plan(experiment, config))
         self.arrays, self.test_arrays, self.eval_every = arrays, test_arrays, eval_every
         self.epoch = 0
         self.setup_s = time.perf_counter() - start
@@ -212,8 +213,9 @@ def run(settings, path=None, steps=None, eval_every=None):
     """Runs the table; ``steps`` defaults to the experiment's max_steps (300
     with --quick), ``eval_every`` to 500 (100 with --quick)."""
     common.quiet_tensorflow()
-    from experiments import registry  # pylint: disable=import-outside-toplevel
+    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
 
+    catalog.load()
     path = path or common.dataset_path(settings)
     experiment = registry.get(EXPERIMENT)
     config = experiment.config

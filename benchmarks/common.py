@@ -93,17 +93,18 @@ def quiet_tensorflow():
 
 def dataset_path(settings):
     """The dataset directory the tables read, prepared first when missing."""
-    from estimator_keras import records  # pylint: disable=import-outside-toplevel
+    from estimator_keras import manifest  # pylint: disable=import-outside-toplevel
 
     base = str(settings.data_dir)
-    if os.path.exists(records.manifest_path(base)):
+    if os.path.exists(manifest.manifest_path(base)):
         path = base
     else:
-        from experiments import datasets  # pylint: disable=import-outside-toplevel
+        from experiments import catalog, datasets, prepare  # pylint: disable=import-outside-toplevel
+        catalog.load()
         path = datasets.dataset_dir(base, DATASET_NAME)
         if not datasets.is_prepared(base, DATASET_NAME):
             say(f"preparing {DATASET_NAME} in {base} (one time)")
-            datasets.prepare(DATASET_NAME, base, progress=False)
+            prepare.prepare(DATASET_NAME, base, progress=False)
     if settings.examples:
         path = subset_dataset(path, int(settings.examples),
                               os.path.join(settings.workdir, f"subset-{settings.examples}"))
@@ -113,11 +114,12 @@ def dataset_path(settings):
 def subset_dataset(path, n, out):
     """A copy of ``path`` with only its first ``n`` training examples (and its
     whole test split) in up to 8 shards; reused when already written."""
+    from estimator_keras import manifest as manifest_lib  # pylint: disable=import-outside-toplevel
     from estimator_keras import records  # pylint: disable=import-outside-toplevel
 
-    if os.path.exists(records.manifest_path(out)):
+    if os.path.exists(manifest_lib.manifest_path(out)):
         return out
-    manifest = records.load_manifest(path)
+    manifest = manifest_lib.load_manifest(path)
     splits = {}
     for split in manifest.splits:
         images, labels = load_arrays(path, split)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import textwrap
 
-from estimator_keras.cluster import free_ports
+from estimator_keras.distribute.launcher import free_ports
 
 CASES = ("fit", "fit_accuracy_metric", "fit_multi_worker", "backup_shared_dir",
          "backup_dir_per_worker")

@@ -41,11 +41,11 @@ def build_fn(model_name):
 def compiled(model_name, seed=0):
     """The model compiled as the experiments compile it."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from estimator_keras import estimator as est_lib  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.optimizers import legacy_optimizer  # pylint: disable=import-outside-toplevel
 
     tf.keras.utils.set_random_seed(seed)
     model = build_fn(model_name)({})
-    model.compile(optimizer=est_lib.legacy_optimizer("adam", LEARNING_RATE),
+    model.compile(optimizer=legacy_optimizer("adam", LEARNING_RATE),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
@@ -118,7 +118,7 @@ class EstimatorVariant(_StepWindow):
         self.config = config
 
     def build(self):
-        from estimator_keras import estimator as est_lib  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
 
         model_dir = os.path.join(self.settings.workdir, "training",
                                  f"{self.model_name}-{self.name}".replace(" ", "_")

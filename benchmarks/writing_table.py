@@ -92,9 +92,10 @@ def child_main(argv=None):
             {"train": GeneratedSource(job["n"])}, job["out"], num_shards=NUM_SHARDS,
             num_workers=job["workers"], progress=False, seed=0)
     else:
-        from experiments import datasets  # pylint: disable=import-outside-toplevel
-        out = datasets.prepare("fashion_mnist", job["out"], num_workers=job["workers"],
-                               force=True, progress=False)
+        from experiments import catalog, prepare  # pylint: disable=import-outside-toplevel
+        catalog.load()
+        out = prepare.prepare("fashion_mnist", job["out"], num_workers=job["workers"],
+                              force=True, progress=False)
         manifest = records.load_manifest(out)
     seconds = time.perf_counter() - start
     examples = sum(split.num_examples for split in manifest.splits.values())

@@ -3,43 +3,66 @@
 The public API:
 
 - data: :func:`write_records`, :func:`write_dataset`, :func:`load_manifest`,
-  :func:`read_schema`, :func:`inspect`;
+  :func:`read_schema`, :func:`inspect`, :class:`FeatureSpec`;
 - input: :func:`make_dataset`, :func:`make_input_fn`, :class:`InputConfig`;
 - training with the estimator engine: :func:`to_estimator`,
   :func:`train_and_evaluate`, :func:`legacy_optimizer`, :class:`EarlyStopping`;
 - training with the keras engine (``Model.fit``; TensorFlow 2.16+ too):
   :func:`fit_and_evaluate`; choosing one: :func:`resolve_engine`;
-- export: :func:`export_model`, :class:`BestExporter`.
+- export: :func:`export_model`, :class:`BestExporter`;
+- errors: :class:`EstimatorKerasError` and its subclasses.
 
-TensorFlow is imported on first use, not by ``import estimator_keras``.
-Importing this package before TensorFlow sets ``TF_USE_LEGACY_KERAS=1``
-when ``tf-keras`` is installed and the variable is unset, so that on
-TensorFlow 2.16+ ``tf.keras`` is Keras 2, which both engines need.
+``import estimator_keras`` loads no TensorFlow: each name is imported from
+its module on first use. Importing this package before TensorFlow sets
+``TF_USE_LEGACY_KERAS=1`` when ``tf-keras`` is installed and the variable is
+unset, so that on TensorFlow 2.16+ ``tf.keras`` is Keras 2, which both
+engines need.
 """
+
+import importlib
+
+from estimator_keras.engines import prefer_legacy_keras
 
 __version__ = "0.2.0"
 
-from estimator_keras import engines as _engines
+prefer_legacy_keras()
 
-_engines.prefer_legacy_keras()
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "resolve_engine": "estimator_keras.engines",
+    "EarlyStopping": "estimator_keras.engines.base",
+    "legacy_optimizer": "estimator_keras.engines.optimizers",
+    "to_estimator": "estimator_keras.engines.estimator",
+    "train_and_evaluate": "estimator_keras.engines.estimator",
+    "BestExporter": "estimator_keras.engines.estimator",
+    "fit_and_evaluate": "estimator_keras.engines.keras",
+    "export_model": "estimator_keras.export",
+    "InputConfig": "estimator_keras.inputs",
+    "make_dataset": "estimator_keras.inputs",
+    "make_input_fn": "estimator_keras.inputs",
+    "load_manifest": "estimator_keras.manifest",
+    "write_dataset": "estimator_keras.records",
+    "write_records": "estimator_keras.records",
+    "read_schema": "estimator_keras.records",
+    "inspect": "estimator_keras.verify",
+    "FeatureSpec": "estimator_keras.schema",
+    **{name: "estimator_keras.errors" for name in (
+        "EstimatorKerasError", "UsageError", "ConfigError", "ClusterConfigError",
+        "DataError", "SchemaError", "CorruptRecordError", "ModelDirError",
+        "NumericalError", "CloudError")},
+}
 
-# pylint: disable=wrong-import-position
-from estimator_keras.engines import resolve_engine  # noqa: F401,E402
-
-from estimator_keras.errors import (  # noqa: F401,E402
-    ClusterConfigError, ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
-    ModelDirError, NumericalError, SchemaError, UsageError)
-from estimator_keras.estimator import (  # noqa: F401
-    EarlyStopping, legacy_optimizer, to_estimator, train_and_evaluate)
-from estimator_keras.export import BestExporter, export_model  # noqa: F401
-from estimator_keras.fit import fit_and_evaluate  # noqa: F401
-from estimator_keras.inputs import InputConfig, make_dataset, make_input_fn  # noqa: F401
-from estimator_keras.records import (  # noqa: F401
-    inspect, load_manifest, write_dataset, write_records)
-from estimator_keras.schema import FeatureSpec  # noqa: F401
+__all__ = sorted(_EXPORTS)
 
 
-def read_schema(path_or_pattern, split="train"):
-    """The schema (feature name -> FeatureSpec) of a dataset directory or glob."""
-    from estimator_keras.records import resolve  # pylint: disable=import-outside-toplevel
-    return resolve(path_or_pattern, split, check_sizes=False).schema
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'estimator_keras' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

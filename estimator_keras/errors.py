@@ -3,7 +3,7 @@
 Every error the library raises on purpose derives from :class:`EstimatorKerasError`
 and carries a message meant for a person: it names the file, flag or key at fault
 and says what was expected. The command-line layer (``experiments``) maps them to
-exit codes: :class:`UsageError` -> 2, everything else -> 1.
+exit codes: :class:`UsageError` -> 2, :class:`Preempted` -> 75, everything else -> 1.
 """
 
 
@@ -55,3 +55,20 @@ class NumericalError(EstimatorKerasError):
 
 class CloudError(EstimatorKerasError):
     """A cloud submission could not be prepared or sent."""
+
+
+class Preempted(EstimatorKerasError):
+    """Training stopped on SIGTERM or SIGINT after saving a checkpoint at the
+    current step; rerunning the same command resumes from it.
+
+    Attributes:
+      step: the step of the checkpoint saved, or None when none could be.
+    """
+
+    # EX_TEMPFAIL: a temporary failure, worth retrying; schedulers that
+    # restart failed tasks restart this one.
+    exit_code = 75
+
+    def __init__(self, message, step=None):
+        super().__init__(message)
+        self.step = step

@@ -21,9 +21,11 @@ Example::
 import dataclasses
 import logging
 
+import tensorflow as tf
+
 from estimator_keras import records
-from estimator_keras.schema import IMAGE_ENCODINGS
 from estimator_keras.errors import SchemaError, UsageError
+from estimator_keras.schema import IMAGE_ENCODINGS
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +108,22 @@ def feature_map(schema, features=None, label="label"):
     return mapping
 
 
+def check_feature_keys(model, feature_keys):
+    """Raises SchemaError unless the features are exactly the model's inputs."""
+    expected = set(model.input_names)
+    given = set(feature_keys)
+    if expected != given:
+        raise SchemaError(
+            f"the input pipeline's features must be keyed by the model's input "
+            f"names: expected {sorted(expected)}, given {sorted(given)}, missing "
+            f"{sorted(expected - given)}, unexpected {sorted(given - expected)}. "
+            f"Map record features to inputs with InputConfig(features={{input: "
+            f"feature}}).")
+
+
 def parse_examples_fn(schema, mapping, label=None, scale=None):
     """A function: batch of serialized Examples -> features dict keyed by
     model input name, or ``(features, labels)`` when ``label`` is given."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
     needed = set(mapping.values()) | ({label} if label else set())
     spec = {}
     for name in needed:
@@ -179,8 +192,6 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
       A dataset yielding ``({input_name: tensor}, labels)``, or just the
       features dict when the config's label is None.
     """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
     config = dataclasses.replace(config or InputConfig(), **overrides)
     if int(batch_size) < 1:
         raise UsageError(f"batch_size must be a positive integer; given {batch_size!r}.")

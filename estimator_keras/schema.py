@@ -2,8 +2,9 @@
 
 A schema is an ordered mapping of feature name -> :class:`FeatureSpec`. It is
 written into a dataset's manifest, used to encode examples into
-``tf.train.Example`` protos, and used by the input pipeline to build one
-vectorized ``tf.io.parse_example`` spec per batch.
+``tf.train.Example`` protos (:func:`estimator_keras.records.encode_example`),
+and used by the input pipeline to build one vectorized ``tf.io.parse_example``
+spec per batch. This module does not import TensorFlow.
 
 Encodings (how a value sits inside a ``tf.train.Example``):
 
@@ -131,43 +132,3 @@ def describe(schema):
     return "\n".join(
         f"  {name:<{width}}  {spec.dtype:<8} shape={list(spec.shape)!s:<14} "
         f"encoding={spec.encoding}" for name, spec in schema.items())
-
-
-def encode_example(schema, values):
-    """Serializes one example (a dict name -> numpy value) to bytes.
-
-    Raises SchemaError naming the feature when a value does not fit its spec.
-    """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    feature = {}
-    for name, spec in schema.items():
-        if name not in values:
-            raise SchemaError(f"example is missing feature {name!r}; schema "
-                              f"expects {sorted(schema)}, got {sorted(values)}.")
-        value = values[name]
-        if spec.encoding in ("bytes", "png", "jpeg"):
-            if isinstance(value, np.ndarray):
-                value = value.item()
-            if isinstance(value, str):
-                value = value.encode("utf-8")
-            feature[name] = tf.train.Feature(
-                bytes_list=tf.train.BytesList(value=[bytes(value)]))
-            continue
-        arr = np.asarray(value)
-        if arr.shape != spec.shape:
-            raise SchemaError(
-                f"feature {name!r}: expected shape {spec.shape}, found "
-                f"{arr.shape}.")
-        if spec.encoding == "raw":
-            arr = np.ascontiguousarray(arr, dtype=spec.dtype)
-            feature[name] = tf.train.Feature(
-                bytes_list=tf.train.BytesList(value=[arr.tobytes()]))
-        elif spec.encoding == "int64":
-            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(
-                value=arr.astype(np.int64).ravel().tolist()))
-        else:
-            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(
-                value=arr.astype(np.float32).ravel().tolist()))
-    return tf.train.Example(
-        features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)

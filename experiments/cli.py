@@ -6,6 +6,7 @@ paragraph; ``--verbose`` adds the traceback and TensorFlow's own logs.
 """
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -13,7 +14,10 @@ import sys
 import traceback
 import warnings
 
+from estimator_keras import engines, manifest
+from estimator_keras.cloud import jobenv
 from estimator_keras.errors import EstimatorKerasError, UsageError
+from experiments import catalog, cluster_cmd, hparams, registry, submit
 
 logger = logging.getLogger("experiments")
 
@@ -46,8 +50,6 @@ def _add_engine_flag(p):
 
 
 def build_parser():
-    from experiments import cluster_cmd, submit  # pylint: disable=import-outside-toplevel
-
     parser = _Parser(prog="python -m experiments",
                      description="Train Keras models from TFRecords with tf.estimator or Model.fit.")
     parser.add_argument("--verbose", action="store_true",
@@ -110,6 +112,12 @@ def _data_dir(args):
     return args.data_dir or os.environ.get("ESTIMATOR_KERAS_DATA_DIR") or "data"
 
 
+def _tensorflow_module(name):
+    """A module that loads TensorFlow, imported only by the commands that need
+    it: list, --help, cluster and submit start at once without it."""
+    return importlib.import_module(name)
+
+
 AIP_VARIABLES = ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
 
 
@@ -117,8 +125,7 @@ def _dirs(args):
     """(model dir, export dir or None for MODEL_DIR/export, tensorboard dir):
     --model-dir, else Vertex AI's AIP_* variables, else runs/NAME."""
     if not args.model_dir and any(os.environ.get(v) for v in AIP_VARIABLES):
-        from estimator_keras import cloud  # pylint: disable=import-outside-toplevel
-        found = cloud.resolve_vertex_environment(None)
+        found = jobenv.resolve_vertex_environment(None)
         return found["model_dir"], found["export_dir"], found["tensorboard_dir"]
     return args.model_dir or os.path.join("runs", args.name), None, None
 
@@ -128,15 +135,15 @@ def _model_dir(args):
 
 
 def _experiment(args, **flags):
-    from experiments import registry  # pylint: disable=import-outside-toplevel
+    catalog.load()
     experiment = registry.get(args.name)
-    config = registry.with_overrides(experiment.config, registry.parse_hparams(args.hparams),
-                                     **flags)
+    config = hparams.with_overrides(experiment.config, hparams.parse_hparams(args.hparams),
+                                    **flags)
     return experiment, config
 
 
 def cmd_list(args):  # pylint: disable=unused-argument
-    from experiments import datasets, registry  # pylint: disable=import-outside-toplevel
+    catalog.load()
     print("experiments:")
     for name in registry.names():
         c = registry.get(name).config
@@ -144,9 +151,8 @@ def cmd_list(args):  # pylint: disable=unused-argument
         print(f"  {'':<20} dataset {c.data.dataset}, batch {c.train.batch_size}, "
               f"{c.train.max_steps} steps, lr {c.train.learning_rate}")
     print("datasets:")
-    for name, (description, _) in sorted(datasets.DATASETS.items()):
-        print(f"  {name:<20} {description}")
-    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+    for name in registry.dataset_names():
+        print(f"  {name:<20} {registry.dataset(name).description}")
     print("engines (--engine auto: estimator where available, else keras):")
     for name, status in engines.describe():
         print(f"  {name:<20} {status}")
@@ -154,27 +160,27 @@ def cmd_list(args):  # pylint: disable=unused-argument
 
 
 def cmd_prepare(args):
-    from experiments import datasets  # pylint: disable=import-outside-toplevel
-    out = datasets.prepare(args.dataset, _data_dir(args), source_dir=args.source_dir,
-                           shards=args.shards, num_workers=args.num_workers,
-                           compression=None if args.compression == "none" else "GZIP",
-                           force=args.force, max_examples=args.max_examples)
-    from estimator_keras import records  # pylint: disable=import-outside-toplevel
-    manifest = records.load_manifest(out)
-    counts = ", ".join(f"{s} {v.num_examples}" for s, v in manifest.splits.items())
+    catalog.load()
+    prepare = _tensorflow_module("experiments.prepare")
+    out = prepare.prepare(args.dataset, _data_dir(args), source_dir=args.source_dir,
+                          shards=args.shards, num_workers=args.num_workers,
+                          compression=None if args.compression == "none" else "GZIP",
+                          force=args.force, max_examples=args.max_examples)
+    counts = ", ".join(f"{s} {v.num_examples}"
+                       for s, v in manifest.load_manifest(out).splits.items())
     print(f"dataset {args.dataset} ready in {out} ({counts})")
     return 0
 
 
 def cmd_inspect(args):
-    from estimator_keras import records  # pylint: disable=import-outside-toplevel
-    report = records.inspect(args.path, verify=args.verify)
-    print(records.format_report(report))
+    verify = _tensorflow_module("estimator_keras.verify")
+    report = verify.inspect(args.path, verify=args.verify)
+    print(verify.format_report(report))
     return 1 if report.broken else 0
 
 
 def cmd_train(args):
-    from experiments import train  # pylint: disable=import-outside-toplevel
+    train = _tensorflow_module("experiments.train")
     experiment, config = _experiment(args, max_steps=args.max_steps,
                                      batch_size=args.batch_size,
                                      eval_every_steps=args.eval_every)
@@ -202,7 +208,7 @@ def _print_result(task, metrics, export_dir, seconds=None):
 
 
 def cmd_evaluate(args):
-    from experiments import train  # pylint: disable=import-outside-toplevel
+    train = _tensorflow_module("experiments.train")
     experiment, config = _experiment(args)
     metrics = train.evaluate(experiment, config, model_dir=_model_dir(args),
                              data_dir=_data_dir(args), engine=args.engine)
@@ -211,7 +217,7 @@ def cmd_evaluate(args):
 
 
 def cmd_export(args):
-    from experiments import train  # pylint: disable=import-outside-toplevel
+    train = _tensorflow_module("experiments.train")
     experiment, config = _experiment(args)
     out = train.export(experiment, config, model_dir=_model_dir(args),
                        data_dir=_data_dir(args), export_dir=args.export_dir)
@@ -277,10 +283,8 @@ def main(argv=None):
         _import_tensorflow_quietly()
     try:
         if args.command == "cluster":
-            from experiments import cluster_cmd  # pylint: disable=import-outside-toplevel
             return cluster_cmd.run(args, extra)
         if args.command == "submit":
-            from experiments import submit  # pylint: disable=import-outside-toplevel
             return submit.run(args)
         return COMMANDS[args.command](args)
     except UsageError as e:

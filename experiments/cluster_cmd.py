@@ -18,7 +18,8 @@ import signal
 import sys
 import tempfile
 
-from estimator_keras import cluster as cluster_lib
+from estimator_keras import engines
+from estimator_keras.distribute import launcher
 from estimator_keras.errors import UsageError
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -81,7 +82,6 @@ def _check_engine(args, command):
     # Refuse here, before any task starts, what the keras engine's tasks
     # would refuse one by one.
     if _flag_value(command, "--engine") == "keras":
-        from estimator_keras import engines  # pylint: disable=import-outside-toplevel
         engines.check_keras_cluster(ps="--ps" if args.ps else None,
                                     evaluator="--evaluator" if args.evaluator else None)
 
@@ -101,7 +101,7 @@ def _outcome(result, name):
         if code is not None and code < 0:
             return f"ended by the launcher ({signal.Signals(-code).name})"
         return "ended by the launcher" + ("" if code is None else f" (status {code})")
-    return cluster_lib.describe_returncode(code)
+    return launcher.describe_returncode(code)
 
 
 def _print_outcomes(result, stream):
@@ -129,17 +129,17 @@ def run(args, extra_argv=()):
     print("Each task runs: " + " ".join(command[1:]))
     sys.stdout.flush()
     try:
-        result = cluster_lib.launch_local_cluster(
+        result = launcher.launch_local_cluster(
             command, workers=args.workers, ps=args.ps, evaluator=args.evaluator,
             log_dir=log_dir, timeout=args.timeout, env=_task_env(), echo=not args.quiet,
             evaluator_grace=args.evaluator_grace)
-    except cluster_lib.ClusterError as e:
+    except launcher.ClusterError as e:
         sys.stdout.flush()
         print("\nLocal cluster FAILED.", file=sys.stderr)
         if e.result is not None:
             _print_outcomes(e.result, sys.stderr)
-        if isinstance(e, cluster_lib.ClusterTaskError):
-            print(f"\n{e.task} {cluster_lib.describe_returncode(e.returncode)}; last lines of "
+        if isinstance(e, launcher.ClusterTaskError):
+            print(f"\n{e.task} {launcher.describe_returncode(e.returncode)}; last lines of "
                   f"{e.log_path}:", file=sys.stderr)
             for line in e.last_lines:
                 print(f"  | {line}", file=sys.stderr)

@@ -1,7 +1,12 @@
-"""Fashion-MNIST experiments: the seed answer's CNN and the seed question's MLP."""
+"""Fashion-MNIST: the dataset, the seed answer's CNN and the seed question's MLP."""
 
-from experiments import models
-from experiments.registry import DataConfig, Experiment, ExperimentConfig, TrainConfig, register
+from experiments import datasets, models
+from experiments.config import DataConfig, Experiment, ExperimentConfig, TrainConfig
+from experiments.registry import register, register_dataset
+
+register_dataset("fashion_mnist",
+                 "Fashion-MNIST, 60k/10k 28x28 grey images, 10 classes (IDX files)",
+                 datasets.idx_splits("fashion_mnist"))
 
 CNN = register(Experiment(
     config=ExperimentConfig(

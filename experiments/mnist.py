@@ -1,7 +1,12 @@
-"""MNIST: the seed answer's CNN on the dataset the seed question used."""
+"""MNIST: the dataset the seed question used, and the seed answer's CNN on it."""
 
-from experiments import models
-from experiments.registry import DataConfig, Experiment, ExperimentConfig, TrainConfig, register
+from experiments import datasets, models
+from experiments.config import DataConfig, Experiment, ExperimentConfig, TrainConfig
+from experiments.registry import register, register_dataset
+
+register_dataset("mnist",
+                 "MNIST, 60k/10k 28x28 grey digits (IDX files from --source-dir or downloaded)",
+                 datasets.idx_splits("mnist"))
 
 CNN = register(Experiment(
     config=ExperimentConfig(

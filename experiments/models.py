@@ -5,13 +5,16 @@ the records' raw values (pixels 0-255) and scale them inside the model, so an
 exported model predicts correctly for a user who knows nothing of the input
 pipeline. Only built-in Keras layers are used: ``model.h5`` then loads with
 ``tf.keras.models.load_model(path, compile=False)`` and no custom objects.
+
+TensorFlow is imported inside each builder: the experiment modules that name
+these builders are imported to list experiments, which needs no TensorFlow.
 """
 
 
 def seed_cnn(hparams, input_shape=(28, 28, 1), num_classes=10, input_name="image"):
     """The seed answer's CNN: Conv 32 -> Conv 64 -> MaxPool -> Dropout ->
     Flatten -> Dense 128 -> Dropout -> Dense (softmax)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
     inputs = tf.keras.Input(shape=input_shape, name=input_name)
@@ -29,7 +32,7 @@ def seed_cnn(hparams, input_shape=(28, 28, 1), num_classes=10, input_name="image
 
 def seed_mlp(hparams, input_shape=(28, 28, 1), num_classes=10, input_name="image"):
     """The seed question's MLP: Dense 128 -> Dense 128 -> Dense (softmax)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
     inputs = tf.keras.Input(shape=input_shape, name=input_name)
@@ -44,7 +47,7 @@ def seed_mlp(hparams, input_shape=(28, 28, 1), num_classes=10, input_name="image
 def small_unet(hparams, input_shape=(64, 64, 3), num_classes=4, input_name="image"):
     """A small U-Net: three down and three up stages with skip connections,
     per-pixel softmax over ``num_classes``."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
     base = hparams.get("filters", 16)

@@ -16,14 +16,15 @@ Examples::
 import argparse
 import datetime
 import json
-import os
 import shlex
 import sys
-import tempfile
 from typing import Callable, List, Optional
 
-from estimator_keras import cloud
+from estimator_keras import engines, io
+from estimator_keras.cloud import submission, tfjob
+from estimator_keras.cloud.spec import DEFAULT_MACHINE_TYPE, JobSpec
 from estimator_keras.errors import ConfigError, UsageError
+from experiments import catalog, registry
 
 STRATEGIES = ("auto", "none", "mirrored", "multi_worker_mirrored", "parameter_server")
 
@@ -75,7 +76,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--ps", type=_count, default=0, metavar="M",
                         help="parameter-server replicas (default 0)")
     parser.add_argument("--evaluator", action="store_true", help="add one evaluator replica")
-    parser.add_argument("--machine-type", default=cloud.DEFAULT_MACHINE_TYPE,
+    parser.add_argument("--machine-type", default=DEFAULT_MACHINE_TYPE,
                         help="machine type of every replica (default %(default)s)")
     parser.add_argument("--accelerator", metavar="TYPE:COUNT",
                         help="GPUs per chief/worker/evaluator, e.g. NVIDIA_TESLA_T4:1")
@@ -118,13 +119,8 @@ def _check_experiment(name: str, known_experiments: Optional[Callable[[str], obj
     if not isinstance(name, str) or not name.strip():
         raise UsageError("NAME must name an experiment, e.g. fashion_mnist_cnn; got %r." % name)
     if known_experiments is None:
-        try:
-            from experiments import registry  # pylint: disable=import-outside-toplevel
-        except ImportError:
-            return
-        known_experiments = getattr(registry, "get", None)
-        if known_experiments is None:
-            return
+        catalog.load()
+        known_experiments = registry.get
     try:
         found = known_experiments(name)
     except KeyError:
@@ -140,25 +136,11 @@ def _check_strategy(args) -> None:
             "use --strategy parameter_server (or auto), or drop --ps."
             % (args.strategy, args.ps))
     if getattr(args, "engine", None) == "keras":
-        from estimator_keras import engines  # pylint: disable=import-outside-toplevel
         engines.check_keras_cluster(ps="--ps" if args.ps else None,
                                     evaluator="--evaluator" if args.evaluator else None)
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")
-
-
-def _write_atomically(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> int:
@@ -172,7 +154,7 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
     _check_strategy(args)
     display_name = args.display_name or "%s-%s" % (
         args.name, datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S"))
-    spec = cloud.JobSpec(
+    spec = JobSpec(
         experiment=args.name, job_dir=args.job_dir, project=args.project,
         region=args.region, workers=args.workers, ps=args.ps, evaluator=args.evaluator,
         machine_type=args.machine_type, accelerator=args.accelerator,
@@ -183,9 +165,9 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
         if not args.image:
             raise UsageError("--target tfjob needs --image URI: a container image with "
                              "this package installed (a TFJob cannot install the sdist).")
-        text = cloud.to_yaml(cloud.build_tfjob_manifest(spec, args.image))
+        text = tfjob.to_yaml(tfjob.build_tfjob_manifest(spec, args.image))
         if args.output:
-            _write_atomically(args.output, text)
+            io.atomic_write(args.output, text)
             print("wrote %s; start it with: kubectl create -f %s"
                   % (args.output, shlex.quote(args.output)), file=sys.stderr)
         else:
@@ -195,10 +177,10 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
     if not args.project or not args.region:
         raise UsageError("Vertex AI needs --project and --region (for example "
                          "--project my-project --region us-central1).")
-    result = cloud.submit(spec, dry_run=args.dry_run)
+    result = submission.submit(spec, dry_run=args.dry_run)
     request_json = json.dumps(result["request"], indent=2)
     if args.output:
-        _write_atomically(args.output, request_json + "\n")
+        io.atomic_write(args.output, request_json + "\n")
     if args.dry_run:
         print(request_json)
         print()

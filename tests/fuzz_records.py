@@ -2,8 +2,8 @@
 child process, so that a crash of the interpreter or a hang is caught too).
 
 Every case must end in one of the documented outcomes:
-- ``records.check_file`` never raises: it returns a FileCheck;
-- ``records.infer_schema`` / ``records.inspect`` / ``records.resolve`` raise
+- ``verify.check_file`` never raises: it returns a FileCheck;
+- ``records.infer_schema`` / ``verify.inspect`` / ``records.resolve`` raise
   only EstimatorKerasError subclasses;
 - iterating a ``make_dataset`` pipeline raises only ``tf.errors.OpError``
   (DataLossError for framing and CRC damage, InvalidArgumentError for records
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
-from estimator_keras import inputs, records  # noqa: E402
+from estimator_keras import inputs, records, verify  # noqa: E402
 from estimator_keras.errors import EstimatorKerasError  # noqa: E402
 
 
@@ -69,11 +69,11 @@ def file_cases(seed, n, tmp, valid_bytes):
         path = os.path.join(tmp, f"case-{i % 50}.tfrecord")
         with open(path, "wb") as f:
             f.write(data)
-        check = records.check_file(path)
+        check = verify.check_file(path)
         outcomes["ok" if check.ok else "broken"] += 1
         try:
             records.infer_schema(path)
-            records.inspect(path)
+            verify.inspect(path)
         except EstimatorKerasError:
             outcomes["refused"] += 1
     return outcomes

@@ -255,8 +255,8 @@ def test_writer_child_reports_examples_and_peak_rss(tmp_path):
                                       "out": str(tmp_path / "gen")}, timeout=120)
     assert result["examples"] == 300 and result["bytes"] > 300 * 784
     assert result["peak_rss_self_mb"] > 10 and result["peak_rss_wait4_mb"] > 10
-    from estimator_keras import records  # pylint: disable=import-outside-toplevel
-    assert records.load_manifest(str(tmp_path / "gen")).splits["train"].num_examples == 300
+    from estimator_keras import manifest  # pylint: disable=import-outside-toplevel
+    assert manifest.load_manifest(str(tmp_path / "gen")).splits["train"].num_examples == 300
 
 
 class _Fake(common.Variant):

@@ -1,4 +1,4 @@
-"""Tests for estimator_keras.cloud and `experiments submit` (no network, no cloud)."""
+"""Tests for estimator_keras.cloud.* and `experiments submit` (no network, no cloud)."""
 
 import argparse
 import json
@@ -11,7 +11,8 @@ import mock
 import pytest
 import yaml
 
-from estimator_keras import cloud
+from estimator_keras.cloud import backends, jobenv, packaging, submission, tfjob, vertex
+from estimator_keras.cloud.spec import JobSpec, parse_accelerator
 from estimator_keras.errors import CloudError, ConfigError, UsageError
 from experiments import submit as submit_cmd
 
@@ -25,7 +26,7 @@ def make_spec(**overrides):
                   region="us-central1", job_dir="gs://my-bucket/run1",
                   display_name="fmnist-test")
     fields.update(overrides)
-    return cloud.JobSpec(**fields)
+    return JobSpec(**fields)
 
 
 def full_spec(**overrides):
@@ -46,21 +47,21 @@ EXPECTED_ARGS = ["train", "fashion_mnist_cnn",
 
 
 def test_custom_job_pools_order_counts_images_and_args():
-    body = cloud.build_custom_job(full_spec())
+    body = vertex.build_custom_job(full_spec())
 
     assert body["displayName"] == "fmnist-test"
     job = body["jobSpec"]
     assert job["baseOutputDirectory"] == {"outputUriPrefix": "gs://my-bucket/run1"}
     pools = job["workerPoolSpecs"]
     assert [p["replicaCount"] for p in pools] == [1, 2, 1, 1]  # chief, workers, ps, evaluator
-    for index in (cloud.CHIEF_POOL, cloud.WORKER_POOL, cloud.EVALUATOR_POOL):
+    for index in (vertex.CHIEF_POOL, vertex.WORKER_POOL, vertex.EVALUATOR_POOL):
         assert pools[index]["machineSpec"] == {
             "machineType": "n1-standard-8", "acceleratorType": "NVIDIA_TESLA_T4",
             "acceleratorCount": 1}
         assert pools[index]["pythonPackageSpec"]["executorImageUri"] == GPU_IMAGE
     # parameter servers hold variables only: no GPU, CPU image
-    assert pools[cloud.PS_POOL]["machineSpec"] == {"machineType": "n1-standard-8"}
-    assert pools[cloud.PS_POOL]["pythonPackageSpec"]["executorImageUri"] == CPU_IMAGE
+    assert pools[vertex.PS_POOL]["machineSpec"] == {"machineType": "n1-standard-8"}
+    assert pools[vertex.PS_POOL]["pythonPackageSpec"]["executorImageUri"] == CPU_IMAGE
     for pool in pools:
         package = pool["pythonPackageSpec"]
         assert package["pythonModule"] == "experiments"
@@ -70,7 +71,7 @@ def test_custom_job_pools_order_counts_images_and_args():
 
 
 def test_cpu_only_job_uses_cpu_image_and_single_pool():
-    body = cloud.build_custom_job(make_spec(package_uri=PACKAGE))
+    body = vertex.build_custom_job(make_spec(package_uri=PACKAGE))
     pools = body["jobSpec"]["workerPoolSpecs"]
     assert len(pools) == 1
     assert pools[0]["machineSpec"] == {"machineType": "n1-standard-8"}
@@ -78,38 +79,38 @@ def test_cpu_only_job_uses_cpu_image_and_single_pool():
 
 
 def test_unused_middle_pools_are_empty_and_trailing_ones_dropped():
-    pools = cloud.build_custom_job(
+    pools = vertex.build_custom_job(
         make_spec(evaluator=True, package_uri=PACKAGE))["jobSpec"]["workerPoolSpecs"]
     assert len(pools) == 4 and pools[1] == {} and pools[2] == {}
     assert pools[3]["replicaCount"] == 1
-    pools = cloud.build_custom_job(
+    pools = vertex.build_custom_job(
         make_spec(workers=3, package_uri=PACKAGE))["jobSpec"]["workerPoolSpecs"]
     assert [p["replicaCount"] for p in pools] == [1, 3]
 
 
 def test_region_picks_nearest_image_copy_and_image_override_wins():
-    body = cloud.build_custom_job(make_spec(
+    body = vertex.build_custom_job(make_spec(
         region="europe-west4", package_uri=PACKAGE, accelerator="NVIDIA_L4:2",
         machine_type="g2-standard-24"))
     package = body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
     assert package["executorImageUri"] == \
         "europe-docker.pkg.dev/vertex-ai/training/tf-gpu.2-15.py310:latest"
-    body = cloud.build_custom_job(make_spec(package_uri=PACKAGE, image="gcr.io/p/img:1"))
+    body = vertex.build_custom_job(make_spec(package_uri=PACKAGE, image="gcr.io/p/img:1"))
     assert body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"][
         "executorImageUri"] == "gcr.io/p/img:1"
 
 
 def test_build_without_package_uri_says_how():
     with pytest.raises(ConfigError, match="package_uri"):
-        cloud.build_custom_job(make_spec())
+        vertex.build_custom_job(make_spec())
 
 
 # ------------------------------------------------------------------- validation
 
 
 def test_parse_accelerator_accepts_type_and_count():
-    assert cloud.parse_accelerator("NVIDIA_TESLA_T4:1") == ("NVIDIA_TESLA_T4", 1)
-    assert cloud.parse_accelerator("nvidia_tesla_v100:4") == ("NVIDIA_TESLA_V100", 4)
+    assert parse_accelerator("NVIDIA_TESLA_T4:1") == ("NVIDIA_TESLA_T4", 1)
+    assert parse_accelerator("nvidia_tesla_v100:4") == ("NVIDIA_TESLA_V100", 4)
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -125,7 +126,7 @@ def test_parse_accelerator_accepts_type_and_count():
 ])
 def test_parse_accelerator_errors_name_the_flag_and_give_an_example(text, needle):
     with pytest.raises(ConfigError) as info:
-        cloud.parse_accelerator(text)
+        parse_accelerator(text)
     message = str(info.value)
     assert "--accelerator" in message and needle in message
     assert "NVIDIA_TESLA_T4" in message  # an example or the list of valid types
@@ -133,18 +134,18 @@ def test_parse_accelerator_errors_name_the_flag_and_give_an_example(text, needle
 
 def test_bad_accelerator_in_spec_fails_before_anything_is_built():
     with pytest.raises(ConfigError, match="--accelerator"):
-        cloud.build_custom_job(full_spec(accelerator="T4x1"))
+        vertex.build_custom_job(full_spec(accelerator="T4x1"))
 
 
 @pytest.mark.parametrize("job_dir", ["/tmp/run1", "my-bucket/run1", "s3://b/run1", "gs://", ""])
 def test_job_dir_must_be_gcs(job_dir):
     with pytest.raises(ConfigError, match="--job-dir.*gs://"):
-        cloud.build_custom_job(make_spec(job_dir=job_dir, package_uri=PACKAGE))
+        vertex.build_custom_job(make_spec(job_dir=job_dir, package_uri=PACKAGE))
 
 
 def test_job_dir_trailing_slash_is_dropped():
     spec = make_spec(job_dir="gs://my-bucket/run1/", package_uri=PACKAGE)
-    body = cloud.build_custom_job(spec)
+    body = vertex.build_custom_job(spec)
     assert body["jobSpec"]["baseOutputDirectory"]["outputUriPrefix"] == "gs://my-bucket/run1"
     assert "gs://my-bucket/run1/model" in body["jobSpec"]["workerPoolSpecs"][0][
         "pythonPackageSpec"]["args"]
@@ -162,7 +163,7 @@ def test_job_dir_trailing_slash_is_dropped():
 ])
 def test_spec_validation_messages(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
-        cloud.submit(make_spec(**overrides), dry_run=True)
+        submission.submit(make_spec(**overrides), dry_run=True)
 
 
 # ------------------------------------------------------------------------ submit
@@ -174,15 +175,15 @@ def test_submit_builds_uploads_then_creates_in_order(tmp_path):
     manager.build_sdist.return_value = archive
     manager.upload.side_effect = lambda local, uri: uri
     manager.create_job.return_value = {"name": "projects/1/locations/us-central1/customJobs/9"}
-    submitter = mock.Mock(spec=cloud.Submitter)
+    submitter = mock.Mock(spec=backends.Submitter)
     submitter.upload = manager.upload
     submitter.create_job = manager.create_job
 
-    with mock.patch.object(cloud, "build_sdist", manager.build_sdist), \
-            mock.patch.object(cloud, "build_custom_job",
-                              wraps=cloud.build_custom_job) as build_request:
+    with mock.patch.object(packaging, "build_sdist", manager.build_sdist), \
+            mock.patch.object(vertex, "build_custom_job",
+                              wraps=vertex.build_custom_job) as build_request:
         manager.attach_mock(build_request, "build_custom_job")
-        result = cloud.submit(full_spec(package_uri=None), submitter=submitter,
+        result = submission.submit(full_spec(package_uri=None), submitter=submitter,
                               project_root=str(tmp_path))
 
     names = [c[0] for c in manager.mock_calls]
@@ -200,10 +201,10 @@ def test_submit_builds_uploads_then_creates_in_order(tmp_path):
 
 
 def test_submit_with_uploaded_package_skips_build_and_upload():
-    submitter = mock.Mock(spec=cloud.Submitter)
+    submitter = mock.Mock(spec=backends.Submitter)
     submitter.create_job.return_value = {"name": "j"}
-    with mock.patch.object(cloud, "build_sdist") as build:
-        cloud.submit(full_spec(), submitter=submitter)
+    with mock.patch.object(packaging, "build_sdist") as build:
+        submission.submit(full_spec(), submitter=submitter)
     build.assert_not_called()
     submitter.upload.assert_not_called()
     submitter.create_job.assert_called_once()
@@ -212,20 +213,20 @@ def test_submit_with_uploaded_package_skips_build_and_upload():
 def test_dry_run_touches_nothing(tmp_path):
     (tmp_path / "setup.py").write_text(
         "from setuptools import setup\nsetup(name='estimator-keras', version='0.1.0')\n")
-    submitter = mock.Mock(spec=cloud.Submitter)
+    submitter = mock.Mock(spec=backends.Submitter)
     with mock.patch("subprocess.run") as run, \
             mock.patch("subprocess.Popen") as popen, \
-            mock.patch.object(cloud, "build_sdist") as build, \
-            mock.patch.object(cloud.Submitter, "upload") as upload, \
-            mock.patch.object(cloud.Submitter, "create_job") as create:
-        result = cloud.submit(full_spec(package_uri=None), dry_run=True,
+            mock.patch.object(packaging, "build_sdist") as build, \
+            mock.patch.object(backends.Submitter, "upload") as upload, \
+            mock.patch.object(backends.Submitter, "create_job") as create:
+        result = submission.submit(full_spec(package_uri=None), dry_run=True,
                               submitter=submitter, project_root=str(tmp_path))
     for m in (run, popen, build, upload, create):
         m.assert_not_called()
     assert submitter.mock_calls == []
     assert sorted(os.listdir(tmp_path)) == ["setup.py"]  # no dist/ either
 
-    file_name = cloud.expected_sdist_name(str(tmp_path))
+    file_name = packaging.expected_sdist_name(str(tmp_path))
     assert file_name in ("estimator_keras-0.1.0.tar.gz", "estimator-keras-0.1.0.tar.gz")
     package = "gs://my-bucket/run1/packages/" + file_name
     assert result["dry_run"] is True
@@ -251,14 +252,14 @@ def test_gcloud_upload_argument_list(tmp_path):
     archive.write_bytes(b"x")
     with mock.patch("shutil.which", return_value="/usr/bin/gcloud"), \
             mock.patch("subprocess.run", side_effect=_ok) as run:
-        assert cloud.Submitter().upload(str(archive), PACKAGE) == PACKAGE
+        assert backends.Submitter().upload(str(archive), PACKAGE) == PACKAGE
     argv = run.call_args[0][0]
     assert argv == ["gcloud", "storage", "cp", str(archive), PACKAGE]
     assert "shell" not in run.call_args[1] and run.call_args[1]["timeout"] > 0
 
 
 def test_gcloud_create_writes_jobspec_config_and_passes_flags():
-    request = cloud.build_custom_job(full_spec())
+    request = vertex.build_custom_job(full_spec())
     seen = {}
 
     def fake_run(argv, **kwargs):
@@ -271,7 +272,7 @@ def test_gcloud_create_writes_jobspec_config_and_passes_flags():
 
     with mock.patch("shutil.which", return_value="/usr/bin/gcloud"), \
             mock.patch("subprocess.run", side_effect=fake_run):
-        job = cloud.Submitter().create_job(request, "my-project-123", "us-central1")
+        job = backends.Submitter().create_job(request, "my-project-123", "us-central1")
 
     argv = seen["argv"]
     assert argv[:4] == ["gcloud", "ai", "custom-jobs", "create"]
@@ -284,10 +285,10 @@ def test_gcloud_create_writes_jobspec_config_and_passes_flags():
 
 def test_gcloud_create_with_empty_middle_pool_uses_pool_flags():
     # gcloud's --config rejects an empty pool, so pools go in --worker-pool-spec.
-    request = cloud.build_custom_job(make_spec(
+    request = vertex.build_custom_job(make_spec(
         ps=2, package_uri=PACKAGE, accelerator="NVIDIA_TESLA_T4:2",
         train_args=["--hparams", "lr=0.1,units=64"]))
-    argv, config = cloud.gcloud_create_command(request, "my-project-123", "us-central1",
+    argv, config = backends.gcloud_create_command(request, "my-project-123", "us-central1",
                                                "/tmp/c.json")
     assert config == {"baseOutputDirectory": {"outputUriPrefix": "gs://my-bucket/run1"}}
     pool_flags = [a for a in argv if a.startswith("--worker-pool-spec=")]
@@ -317,16 +318,16 @@ def test_gcloud_auth_failure_becomes_clear_cloud_error(tmp_path):
             mock.patch("subprocess.run", return_value=subprocess.CompletedProcess(
                 [], 1, stdout="", stderr=stderr)):
         with pytest.raises(CloudError, match="(?s)not signed in.*gcloud auth login"):
-            cloud.Submitter().upload(str(archive), PACKAGE)
+            backends.Submitter().upload(str(archive), PACKAGE)
 
 
 def test_gcloud_other_failure_carries_its_output():
-    request = cloud.build_custom_job(full_spec())
+    request = vertex.build_custom_job(full_spec())
     with mock.patch("shutil.which", return_value="/usr/bin/gcloud"), \
             mock.patch("subprocess.run", return_value=subprocess.CompletedProcess(
                 [], 2, stdout="", stderr="ERROR: quota exceeded for T4 GPUs")):
         with pytest.raises(CloudError, match="(?s)exit 2.*quota exceeded"):
-            cloud.Submitter().create_job(request, "my-project-123", "us-central1")
+            backends.Submitter().create_job(request, "my-project-123", "us-central1")
 
 
 def test_neither_gcloud_nor_sdk_raises_with_install_hints(tmp_path):
@@ -337,7 +338,7 @@ def test_neither_gcloud_nor_sdk_raises_with_install_hints(tmp_path):
             mock.patch.dict(sys.modules, blocked), \
             mock.patch("subprocess.run") as run:
         with pytest.raises(CloudError) as info:
-            cloud.Submitter().upload(str(archive), PACKAGE)
+            backends.Submitter().upload(str(archive), PACKAGE)
     run.assert_not_called()
     message = str(info.value)
     assert "gcloud" in message and "pip install google-cloud-aiplatform" in message
@@ -347,11 +348,11 @@ def test_sdk_path_converts_to_snake_case_and_maps_credential_errors():
     aiplatform = mock.Mock()
     storage = mock.Mock()
     aiplatform.CustomJob.return_value.resource_name = "projects/1/locations/r/customJobs/7"
-    request = cloud.build_custom_job(full_spec())
+    request = vertex.build_custom_job(full_spec())
     with mock.patch("shutil.which", return_value=None), \
-            mock.patch.object(cloud.Submitter, "_import_sdk",
+            mock.patch.object(backends.Submitter, "_import_sdk",
                               staticmethod(lambda: (aiplatform, storage))):
-        job = cloud.Submitter().create_job(request, "my-project-123", "us-central1")
+        job = backends.Submitter().create_job(request, "my-project-123", "us-central1")
         kwargs = aiplatform.CustomJob.call_args[1]
         assert kwargs["base_output_dir"] == "gs://my-bucket/run1"
         assert kwargs["location"] == "us-central1"
@@ -365,24 +366,24 @@ def test_sdk_path_converts_to_snake_case_and_maps_credential_errors():
         DefaultCredentialsError.__module__ = "google.auth.exceptions"
         aiplatform.CustomJob.side_effect = DefaultCredentialsError("no ADC")
         with pytest.raises(CloudError, match="application-default login"):
-            cloud.Submitter().create_job(request, "my-project-123", "us-central1")
+            backends.Submitter().create_job(request, "my-project-123", "us-central1")
 
 
 def test_build_sdist_failure_reports_output_tail(tmp_path):
     (tmp_path / "setup.py").write_text("import sys\nprint('boom: bad metadata')\nsys.exit(3)\n")
     with pytest.raises(CloudError, match="boom: bad metadata"):
-        cloud.build_sdist(str(tmp_path), str(tmp_path / "dist"))
+        packaging.build_sdist(str(tmp_path), str(tmp_path / "dist"))
     with pytest.raises(CloudError, match="setup.py"):
-        cloud.build_sdist(str(tmp_path / "nowhere"), str(tmp_path / "dist"))
+        packaging.build_sdist(str(tmp_path / "nowhere"), str(tmp_path / "dist"))
 
 
 def test_build_sdist_returns_the_archive_the_dry_run_predicted(tmp_path):
     (tmp_path / "setup.py").write_text(
         "from setuptools import setup\nsetup(name='tiny-pkg', version='1.2', py_modules=['m'])\n")
     (tmp_path / "m.py").write_text("X = 1\n")
-    path = cloud.build_sdist(str(tmp_path), str(tmp_path / "dist"))
+    path = packaging.build_sdist(str(tmp_path), str(tmp_path / "dist"))
     assert os.path.isfile(path) and path.endswith(".tar.gz")
-    assert os.path.basename(path) == cloud.expected_sdist_name(str(tmp_path))
+    assert os.path.basename(path) == packaging.expected_sdist_name(str(tmp_path))
 
 
 # ------------------------------------------------------------------------- TFJob
@@ -390,8 +391,8 @@ def test_build_sdist_returns_the_archive_the_dry_run_predicted(tmp_path):
 
 def test_tfjob_manifest_yaml_has_replicas_and_tensorflow_container():
     spec = full_spec(accelerator="NVIDIA_TESLA_T4:2")
-    manifest = cloud.build_tfjob_manifest(spec, "gcr.io/p/estimator-keras:1")
-    loaded = yaml.safe_load(cloud.to_yaml(manifest))
+    manifest = tfjob.build_tfjob_manifest(spec, "gcr.io/p/estimator-keras:1")
+    loaded = yaml.safe_load(tfjob.to_yaml(manifest))
 
     assert loaded == manifest
     assert loaded["apiVersion"] == "kubeflow.org/v1" and loaded["kind"] == "TFJob"
@@ -410,21 +411,18 @@ def test_tfjob_manifest_yaml_has_replicas_and_tensorflow_container():
 
 
 def test_tfjob_only_asked_for_replicas_and_needs_image():
-    manifest = cloud.build_tfjob_manifest(make_spec(display_name="My_Job 1"), "img:1")
+    manifest = tfjob.build_tfjob_manifest(make_spec(display_name="My_Job 1"), "img:1")
     assert list(manifest["spec"]["tfReplicaSpecs"]) == ["Chief"]
     assert manifest["metadata"]["name"] == "my-job-1"
     with pytest.raises(ConfigError, match="--image"):
-        cloud.build_tfjob_manifest(make_spec())
+        tfjob.build_tfjob_manifest(make_spec())
 
 
-def test_fallback_yaml_emitter_round_trips():
-    manifest = cloud.build_tfjob_manifest(full_spec(), "gcr.io/p/i:1")
+def test_to_yaml_round_trips_awkward_values():
+    manifest = tfjob.build_tfjob_manifest(full_spec(), "gcr.io/p/i:1")
     manifest["extra"] = {"empty": {}, "none": None, "flag": True, "list": [],
                          "quote": 'a "b": c', "nested": [[1, 2], {"k": "v"}]}
-    assert yaml.safe_load(cloud._emit_yaml(manifest)) == manifest
-    with mock.patch.dict(sys.modules, {"yaml": None}):
-        text = cloud.to_yaml(manifest)
-    assert yaml.safe_load(text) == manifest
+    assert yaml.safe_load(tfjob.to_yaml(manifest)) == manifest
 
 
 # ---------------------------------------------------------------------- job side
@@ -436,7 +434,7 @@ AIP = {"AIP_MODEL_DIR": "gs://b/job/model/",
 
 
 def test_resolve_vertex_environment_from_aip_variables():
-    dirs = cloud.resolve_vertex_environment(env=AIP)
+    dirs = jobenv.resolve_vertex_environment(env=AIP)
     assert dirs == {"model_dir": "gs://b/job/checkpoints",
                     "checkpoint_dir": "gs://b/job/checkpoints",
                     "tensorboard_dir": "gs://b/job/logs",
@@ -445,19 +443,19 @@ def test_resolve_vertex_environment_from_aip_variables():
 
 
 def test_resolve_vertex_environment_explicit_model_dir_wins():
-    dirs = cloud.resolve_vertex_environment("gs://b/mine/", env=AIP)
+    dirs = jobenv.resolve_vertex_environment("gs://b/mine/", env=AIP)
     assert dirs == {"model_dir": "gs://b/mine", "checkpoint_dir": "gs://b/mine",
                     "tensorboard_dir": "gs://b/mine", "export_dir": "gs://b/mine/export",
                     "source": "flag"}
 
 
 def test_resolve_vertex_environment_model_dir_parent_and_missing():
-    dirs = cloud.resolve_vertex_environment(env={"AIP_MODEL_DIR": "gs://b/job/model/"})
+    dirs = jobenv.resolve_vertex_environment(env={"AIP_MODEL_DIR": "gs://b/job/model/"})
     assert dirs["model_dir"] == "gs://b/job"
     assert dirs["export_dir"] == "gs://b/job/model"
     assert dirs["tensorboard_dir"] == "gs://b/job"
     with pytest.raises(ConfigError, match="--model-dir"):
-        cloud.resolve_vertex_environment(env={})
+        jobenv.resolve_vertex_environment(env={})
 
 
 def test_copy_to_remote_copies_a_tree_and_a_file(tmp_path):
@@ -470,7 +468,7 @@ def test_copy_to_remote_copies_a_tree_and_a_file(tmp_path):
     (dst).mkdir(parents=True)
     (dst / "saved_model.pb").write_bytes(b"old")  # replaced
 
-    written = cloud.copy_to_remote(str(src), str(dst))
+    written = jobenv.copy_to_remote(str(src), str(dst))
 
     def tree(root):
         return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
@@ -479,13 +477,13 @@ def test_copy_to_remote_copies_a_tree_and_a_file(tmp_path):
     assert len(written) == 3
 
     single = tmp_path / "remote" / "weights.h5"
-    assert cloud.copy_to_remote(str(src / "saved_model.pb"), str(single)) == [str(single)]
+    assert jobenv.copy_to_remote(str(src / "saved_model.pb"), str(single)) == [str(single)]
     assert single.read_bytes() == b"\x00\x01graph"
 
     with pytest.raises(CloudError, match="does not exist"):
-        cloud.copy_to_remote(str(tmp_path / "missing"), str(dst))
+        jobenv.copy_to_remote(str(tmp_path / "missing"), str(dst))
     with pytest.raises(CloudError, match="inside the source"):
-        cloud.copy_to_remote(str(src), str(src / "copy"))
+        jobenv.copy_to_remote(str(src), str(src / "copy"))
 
 
 # ------------------------------------------------------------------------- CLI
@@ -508,7 +506,7 @@ VERTEX_ARGV = ["fashion_mnist_cnn", "--project", "my-project-123", "--region",
 def test_cli_dry_run_prints_request_and_shell_quoted_commands(capsys, tmp_path):
     known = mock.Mock(return_value=object())
     with mock.patch("subprocess.run") as run, \
-            mock.patch.object(cloud, "default_project_root", return_value=str(tmp_path)):
+            mock.patch.object(packaging, "default_project_root", return_value=str(tmp_path)):
         assert submit_cmd.run(parse(VERTEX_ARGV), known_experiments=known) == 0
     run.assert_not_called()
     known.assert_called_once_with("fashion_mnist_cnn")
@@ -558,7 +556,7 @@ def test_cli_engine_is_forwarded_and_checked(capsys, tmp_path):
             "--job-dir", "gs://my-bucket/run1", "--workers", "1", "--engine", "keras",
             "--dry-run"]
     with mock.patch("subprocess.run") as run, \
-            mock.patch.object(cloud, "default_project_root", return_value=str(tmp_path)):
+            mock.patch.object(packaging, "default_project_root", return_value=str(tmp_path)):
         assert submit_cmd.run(parse(argv), known_experiments=lambda name: object()) == 0
     run.assert_not_called()
     request = json.loads(capsys.readouterr().out.partition("\n\n")[0])

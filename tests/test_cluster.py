@@ -1,4 +1,4 @@
-"""Tests of estimator_keras.cluster and the `cluster` subcommand.
+"""Tests of estimator_keras.distribute and the `cluster` subcommand.
 
 Launcher tests run a tiny Python program per task instead of TensorFlow; every
 launch has a small timeout and every test checks by PID that nothing survived.
@@ -16,11 +16,13 @@ import time
 
 import pytest
 
-from estimator_keras import cluster
-from estimator_keras.cluster import (ClusterInfo, ClusterInterrupted, ClusterTaskError,
-                                     ClusterTimeoutError, build_tf_config, choose_strategy,
-                                     free_ports, global_batch_size, launch_local_cluster,
-                                     make_train_distribute, num_replicas, parse_tf_config)
+from estimator_keras.distribute import launcher
+from estimator_keras.distribute.launcher import (ClusterInterrupted, ClusterTaskError,
+                                                 ClusterTimeoutError, free_ports,
+                                                 launch_local_cluster)
+from estimator_keras.distribute.strategy import (choose_strategy, global_batch_size,
+                                                 make_train_distribute, num_replicas)
+from estimator_keras.distribute.tf_config import ClusterInfo, build_tf_config, parse_tf_config
 from estimator_keras.errors import ClusterConfigError, ConfigError, UsageError
 from experiments import cluster_cmd
 
@@ -257,7 +259,7 @@ def test_explicit_strategies_that_fit():
 
 
 def test_evaluator_always_gets_none(caplog):
-    caplog.set_level("INFO", logger="estimator_keras.cluster")
+    caplog.set_level("INFO", logger="estimator_keras.distribute.strategy")
     assert choose_strategy("multi_worker_mirrored", ClusterInfo(MULTI, "evaluator", 0), 0) == "none"
     assert "Evaluator task" in caplog.text
     assert choose_strategy("parameter_server", ClusterInfo(PS, "evaluator", 0), 0) == "none"
@@ -291,11 +293,11 @@ def _run_python(code, timeout):
 def test_parsing_and_choice_do_not_import_tensorflow():
     proc = _run_python("""
         import sys
-        from estimator_keras import cluster
-        info = cluster.parse_tf_config('{"cluster": {"chief": ["h:1"], "ps": ["h:2"]},'
-                                       ' "task": {"type": "ps", "index": 0}}')
-        assert cluster.choose_strategy("auto", info, 0) == "parameter_server"
-        assert cluster.make_train_distribute("parameter_server") is None
+        from estimator_keras.distribute import strategy, tf_config
+        info = tf_config.parse_tf_config('{"cluster": {"chief": ["h:1"], "ps": ["h:2"]},'
+                                         ' "task": {"type": "ps", "index": 0}}')
+        assert strategy.choose_strategy("auto", info, 0) == "parameter_server"
+        assert strategy.make_train_distribute("parameter_server") is None
         assert "tensorflow" not in sys.modules
         print("ok")
     """, timeout=30)
@@ -311,7 +313,8 @@ def test_mirrored_on_two_cpu_devices_reduces():
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from estimator_keras.cluster import make_train_distribute, num_replicas, global_batch_size
+        from estimator_keras.distribute.strategy import (make_train_distribute, num_replicas,
+                                                         global_batch_size)
         strategy = make_train_distribute("mirrored", num_gpus=0)
         assert isinstance(strategy, tf.distribute.MirroredStrategy)
         assert num_replicas(strategy) == 2 and global_batch_size(16, strategy) == 32
@@ -325,8 +328,9 @@ def test_mirrored_on_two_cpu_devices_reduces():
 
 MWMS_TASK = """
 import tensorflow as tf  # imported only: no op may run before the strategy exists
-from estimator_keras.cluster import (choose_strategy, make_train_distribute, num_replicas,
-                                     parse_tf_config)
+from estimator_keras.distribute.strategy import (choose_strategy, make_train_distribute,
+                                                 num_replicas)
+from estimator_keras.distribute.tf_config import parse_tf_config
 info = parse_tf_config()
 name = choose_strategy("auto", info, 0)
 strategy = make_train_distribute(name)
@@ -558,7 +562,7 @@ def test_keyboard_interrupt_stops_all(child, tmp_path, monkeypatch):
             wait_for_pid(child.out, task.name)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cluster, "_supervise", interrupted)
+    monkeypatch.setattr(launcher, "_supervise", interrupted)
     with pytest.raises(KeyboardInterrupt):
         launch(child({"chief-0": "sleep", "ps-0": "stubborn"}), workers=0, ps=1,
                log_dir=tmp_path / "logs", kill_grace=0.5)
@@ -594,7 +598,7 @@ def test_launcher_argument_errors(tmp_path):
 
 
 def test_command_that_cannot_start(tmp_path):
-    with pytest.raises(cluster.ClusterError, match="could not start task chief-0"):
+    with pytest.raises(launcher.ClusterError, match="could not start task chief-0"):
         launch_local_cluster([str(tmp_path / "missing-program")], workers=0, log_dir=tmp_path,
                              timeout=10)
 
@@ -612,11 +616,11 @@ def test_cli_forwards_unknown_flags_and_adds_ps_strategy(monkeypatch, tmp_path, 
 
     def fake_launch(command, **kwargs):
         calls.append((command, kwargs))
-        return cluster.ClusterResult({"chief-0": 0, "ps-0": -15}, {"chief-0": "c.log",
-                                     "ps-0": "p.log"}, {"chief-0": 1, "ps-0": 2}, ("ps-0",),
-                                     1.0, str(tmp_path))
+        return launcher.ClusterResult({"chief-0": 0, "ps-0": -15}, {"chief-0": "c.log",
+                                      "ps-0": "p.log"}, {"chief-0": 1, "ps-0": 2}, ("ps-0",),
+                                      1.0, str(tmp_path))
 
-    monkeypatch.setattr(cluster_cmd.cluster_lib, "launch_local_cluster", fake_launch)
+    monkeypatch.setattr(cluster_cmd.launcher, "launch_local_cluster", fake_launch)
     args, extra = parse_cli(["cluster", "mnist", "--workers", "1", "--ps", "1", "--evaluator",
                              "--model-dir", "runs/m", "--max-steps", "10", "--eval-every", "5",
                              "--hparams=lr=0.1,units=8", "--log-dir", str(tmp_path),

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from estimator_keras import engines, inputs, records
-from estimator_keras.cluster import ClusterInfo
-from experiments import registry
-from experiments import train as train_lib
+from estimator_keras.distribute.tf_config import ClusterInfo
+from experiments import config as config_lib
+from experiments import context as context_lib
 from support import ROOT, child_env, fresh_python
 
 pytestmark = pytest.mark.slow
@@ -165,7 +165,7 @@ def _assert_rates(log, examples_per_step):
 
 def _global_step(model_dir):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from estimator_keras.fit import checkpoint_step  # pylint: disable=import-outside-toplevel
+    from estimator_keras.checkpoints import checkpoint_step  # pylint: disable=import-outside-toplevel
     checkpoint = tf.train.latest_checkpoint(model_dir)
     assert checkpoint, f"no checkpoint in {model_dir}"
     # Either engine's: the Estimator's global step, or the keras engine's
@@ -350,10 +350,10 @@ def _assert_exact_cover(parts, n):
 @pytest.mark.parametrize("shards", [5, 1])
 def test_ps_tasks_split_the_training_data(id_datasets, shards, monkeypatch):
     paths, n = id_datasets
-    config = registry.ExperimentConfig(
+    config = config_lib.ExperimentConfig(
         name="ids", description="ids",
-        data=registry.DataConfig(dataset="ids", features={"id": "id"}, label="label"),
-        train=registry.TrainConfig(batch_size=16))
+        data=config_lib.DataConfig(dataset="ids", features={"id": "id"}, label="label"),
+        train=config_lib.TrainConfig(batch_size=16))
     real = inputs.make_input_fn
 
     def one_epoch(*args, **kwargs):
@@ -361,16 +361,16 @@ def test_ps_tasks_split_the_training_data(id_datasets, shards, monkeypatch):
             kwargs["num_epochs"] = 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_lib.inputs, "make_input_fn", one_epoch)
+    monkeypatch.setattr(context_lib.inputs, "make_input_fn", one_epoch)
     spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
     parts = []
     for task in ("chief", "worker"):
-        train_fn, _ = train_lib.input_fns(config, paths[shards], ClusterInfo(spec, task, 0))
+        train_fn, _ = context_lib.input_fns(config, paths[shards], ClusterInfo(spec, task, 0))
         parts.append(_ids(train_fn()))
     _assert_exact_cover(parts, n)
     # The evaluator reads the whole eval split; a ps builds its pipelines too.
     for task in ("evaluator", "ps"):
-        train_fn, eval_fn = train_lib.input_fns(config, paths[shards], ClusterInfo(spec, task, 0))
+        train_fn, eval_fn = context_lib.input_fns(config, paths[shards], ClusterInfo(spec, task, 0))
         assert sorted(_ids(eval_fn())) == list(range(n))
 
 

@@ -13,9 +13,12 @@ import pytest
 
 import tensorflow as tf
 
-from estimator_keras import estimator as est_lib
 from estimator_keras import export as export_lib
-from estimator_keras import inputs, records
+from estimator_keras import inputs, manifest, records
+from estimator_keras.records import encode_example
+from estimator_keras import checkpoints
+from estimator_keras.engines import base, optimizers
+from estimator_keras.engines import estimator as est_lib
 from estimator_keras.errors import ModelDirError, SchemaError
 from support import fresh_python
 
@@ -53,7 +56,7 @@ def trained(tmp_path_factory):
                           num_shards={"train": 2, "test": 1}, progress=False)
     tf.keras.utils.set_random_seed(1)
     model = _build()
-    model.compile(est_lib.legacy_optimizer("adam", 3e-3),
+    model.compile(optimizers.legacy_optimizer("adam", 3e-3),
                   "sparse_categorical_crossentropy", ["accuracy"])
     model_dir = str(root / "model")
     est = est_lib.to_estimator(model, model_dir, save_checkpoints_steps=60)
@@ -68,7 +71,7 @@ def trained(tmp_path_factory):
                    is_the_final_export):
             seen.append((float(eval_result["accuracy"]), checkpoint_path))
 
-    best = export_lib.BestExporter(_build, "accuracy", schema=train_fn.files.schema,
+    best = est_lib.BestExporter(_build, "accuracy", schema=train_fn.files.schema,
                                    features={"image": "image"})
     metrics = est_lib.train_and_evaluate(est, train_fn, eval_fn, max_steps=120,
                                          log_every_steps=1000, exporters=[best, Spy()])
@@ -131,8 +134,7 @@ def test_saved_model_signatures_agree(trained):
     assert set(loaded.signatures) == {"serving_default", "serve_examples"}
     images = trained["test"]["image"]
     raw = loaded.signatures["serving_default"](image=tf.constant(images, tf.float32))
-    schema = records.load_manifest(trained["data_dir"]).schema
-    from estimator_keras.schema import encode_example
+    schema = manifest.load_manifest(trained["data_dir"]).schema
     serialized = [encode_example(schema, {"image": img, "label": 0}) for img in images]
     parsed = loaded.signatures["serve_examples"](examples=tf.constant(serialized))
     np.testing.assert_allclose(raw["probabilities"].numpy(), trained["preds"], atol=1e-6)
@@ -182,11 +184,11 @@ def test_best_exporter_keeps_the_best_evaluation(trained):
 def test_early_stopping_ends_training_before_max_steps(trained, tmp_path):
     tf.keras.utils.set_random_seed(2)
     model = _build()
-    model.compile(est_lib.legacy_optimizer("adam", 3e-3), "sparse_categorical_crossentropy",
+    model.compile(optimizers.legacy_optimizer("adam", 3e-3), "sparse_categorical_crossentropy",
                   ["accuracy"])
     est = est_lib.to_estimator(model, str(tmp_path), save_checkpoints_steps=20)
     # The loss falls, so "no increase in loss for 20 steps" must stop it soon.
-    stop = est_lib.EarlyStopping("loss", patience_steps=20, higher_is_better=True)
+    stop = base.EarlyStopping("loss", patience_steps=20, higher_is_better=True)
     metrics = est_lib.train_and_evaluate(
         est, inputs.make_input_fn(trained["data_dir"], 32, training=True),
         inputs.make_input_fn(trained["data_dir"], 32, training=False),
@@ -201,7 +203,7 @@ def test_checkpoint_of_other_architecture_is_refused(trained):
         return tf.keras.Model(x_in, tf.keras.layers.Dense(10)(x))
 
     with pytest.raises(ModelDirError, match="does not fit this model"):
-        export_lib.load_checkpoint_into(other(), tf.train.latest_checkpoint(trained["model_dir"]))
+        checkpoints.load_checkpoint_into(other(), tf.train.latest_checkpoint(trained["model_dir"]))
 
 
 def test_new_optimizer_is_replaced_by_legacy_explicitly(tmp_path, caplog):
@@ -217,7 +219,7 @@ def test_new_optimizer_is_replaced_by_legacy_explicitly(tmp_path, caplog):
 
 def test_feature_keys_must_match_model_inputs():
     with pytest.raises(SchemaError, match=r"expected \['image'\].*missing \['image'\]"):
-        est_lib.check_feature_keys(_build(), ["pixels"])
+        inputs.check_feature_keys(_build(), ["pixels"])
 
 
 def test_two_input_model_trains_from_mapped_features(tmp_path):
@@ -235,7 +237,7 @@ def test_two_input_model_trains_from_mapped_features(tmp_path):
     x = tf.keras.layers.Concatenate()([in_a, in_b])
     out = tf.keras.layers.Dense(2, activation="softmax")(x)
     model = tf.keras.Model([in_a, in_b], out)
-    model.compile(est_lib.legacy_optimizer("adam", 0.05), "sparse_categorical_crossentropy",
+    model.compile(optimizers.legacy_optimizer("adam", 0.05), "sparse_categorical_crossentropy",
                   ["accuracy"])
     mapping = {"input_a": "left", "input_b": "right"}
     est = est_lib.to_estimator(model, str(tmp_path / "model"), save_checkpoints_steps=100)

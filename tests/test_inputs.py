@@ -15,8 +15,8 @@ import tensorflow as tf
 from support import flip_byte_in_record
 from estimator_keras.errors import SchemaError
 from estimator_keras.inputs import InputConfig, make_dataset, make_input_fn
-from estimator_keras.records import RecordFiles, write_records
-from estimator_keras.schema import FeatureSpec, encode_example
+from estimator_keras.records import RecordFiles, encode_example, write_records
+from estimator_keras.schema import FeatureSpec
 from estimator_keras.sources import ImageFolderSource
 
 

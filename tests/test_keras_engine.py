@@ -80,12 +80,13 @@ def test_trains_evaluates_checkpoints_and_exports(keras_run):
 def test_export_loads_in_plain_keras_in_a_fresh_process(keras_run, tmp_path):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from estimator_keras import export as export_lib  # pylint: disable=import-outside-toplevel
-    from experiments import registry  # pylint: disable=import-outside-toplevel
+    from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
+    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
 
+    catalog.load()
     exp = registry.get("fashion_mnist_cnn")
     model = exp.build_model(exp.config.model)
-    export_lib.load_checkpoint_into(model, tf.train.latest_checkpoint(str(keras_run["model_dir"])))
+    checkpoints.load_checkpoint_into(model, tf.train.latest_checkpoint(str(keras_run["model_dir"])))
     images = _test_images(keras_run["data_dir"])
     np.save(tmp_path / "images.npy", images)
     expected = model.predict(images.astype(np.float32), verbose=0)
@@ -214,20 +215,23 @@ def test_weights_h5_move_between_the_engines_models(fashion_data, keras_run, tmp
     compiles, predicts exactly what its own model.h5 predicts."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from experiments import registry  # pylint: disable=import-outside-toplevel
-    from experiments import train as train_lib  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.estimator import compile_for_estimator  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.keras import compile_for_keras  # pylint: disable=import-outside-toplevel
+    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.context import experiment_plan  # pylint: disable=import-outside-toplevel
 
     estimator_dir = tmp_path / "estimator"
     rc, _, err = _train(fashion_data, estimator_dir, "--max-steps", 30, "--eval-every", 30,
                         engine="estimator")
     assert rc == 0, err[-3000:]
+    catalog.load()
     exp = registry.get("fashion_mnist_cnn")
     images = _test_images(fashion_data).astype(np.float32)
-    pairs = ((estimator_dir / "export", train_lib.keras_compiled_model),
-             (keras_run["model_dir"] / "export", train_lib.compiled_model))
+    pairs = ((estimator_dir / "export", compile_for_keras),
+             (keras_run["model_dir"] / "export", compile_for_estimator))
     for export, other_engines_model in pairs:
         reference = tf.keras.models.load_model(str(export / "model.h5"), compile=False)
-        model = other_engines_model(exp, exp.config)
+        model = other_engines_model(experiment_plan(exp, exp.config))
         model.load_weights(str(export / "weights.h5"))
         np.testing.assert_array_equal(model.predict(images, verbose=0),
                                       reference.predict(images, verbose=0))
@@ -258,7 +262,8 @@ def test_keras3_loads_the_exports(keras_run, tmp_path):
         import keras, numpy as np
         assert int(keras.__version__[0]) >= 3, keras.__version__
         sys.path.insert(0, {ROOT!r})
-        from experiments import registry
+        from experiments import catalog, registry
+        catalog.load()
         exp = registry.get("fashion_mnist_cnn")
         model = exp.build_model(exp.config.model)
         assert type(model).__module__.startswith("keras.src"), type(model)

@@ -10,15 +10,15 @@ import tarfile
 
 import pytest
 
-from estimator_keras import cloud
-from estimator_keras.cluster import free_ports
+from estimator_keras.cloud import packaging
+from estimator_keras.distribute.launcher import free_ports
 from support import ROOT, checkpoint_steps, child_env, cli
 
 pytestmark = pytest.mark.slow
 
 
 def test_sdist_installs_offline_and_runs(fashion_data, tmp_path):
-    sdist = cloud.build_sdist(ROOT, str(tmp_path / "dist"))
+    sdist = packaging.build_sdist(ROOT, str(tmp_path / "dist"))
     with tarfile.open(sdist) as tar:
         names = tar.getnames()
     for module in ("estimator_keras/records.py", "estimator_keras/inputs.py",

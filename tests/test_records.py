@@ -23,9 +23,11 @@ from support import ROOT, child_env, flip_byte_in_record, record_frames
 from estimator_keras import records
 from estimator_keras.errors import CorruptRecordError, DataError
 from estimator_keras.inputs import make_dataset
-from estimator_keras.records import (
-    FORMAT, MANIFEST_NAME, check_file, load_manifest, resolve, write_dataset, write_records)
+from estimator_keras.manifest import (
+    FORMAT, INCOMPLETE_DIR, MANIFEST_NAME, load_manifest, shard_name)
+from estimator_keras.records import resolve, write_dataset, write_records
 from estimator_keras.sources import ShapesSource
+from estimator_keras.verify import check_file
 
 SHARD_FILE = re.compile(r"^[A-Za-z0-9_.]+-\d{5}-of-\d{5}\.tfrecord(\.gz)?$")
 
@@ -176,7 +178,7 @@ def test_manifest_counts_and_shard_names(tmp_path):
         [MANIFEST_NAME] + [s.file for i in manifest.splits.values() for s in i.shards])
     # The writer's default is about 10k examples a shard.
     assert records.default_num_shards(100001) == 11
-    assert records.shard_name("train", 3, 12, "GZIP") == "train-00003-of-00012.tfrecord.gz"
+    assert shard_name("train", 3, 12, "GZIP") == "train-00003-of-00012.tfrecord.gz"
 
 
 def test_load_manifest_errors(tmp_path, tiny_dataset):
@@ -212,8 +214,8 @@ def test_load_manifest_errors(tmp_path, tiny_dataset):
         load_manifest(str(empty))
     assert "not a dataset" in str(info.value) and "incomplete" not in str(info.value)
     # A writer killed before its first shard was whole leaves only staging.
-    (empty / records.INCOMPLETE_DIR).mkdir()
-    (empty / records.INCOMPLETE_DIR / "train-00000-of-00002.tfrecord").write_bytes(b"x")
+    (empty / INCOMPLETE_DIR).mkdir()
+    (empty / INCOMPLETE_DIR / "train-00000-of-00002.tfrecord").write_bytes(b"x")
     with pytest.raises(DataError) as info:
         make_dataset(str(empty), 4, training=True)
     assert "incomplete" in str(info.value)
@@ -358,7 +360,7 @@ _SLOW_WRITER = textwrap.dedent("""
 
 def test_killed_write_leaves_no_complete_looking_dataset(tmp_path):
     out = str(tmp_path / "ds")
-    staging = os.path.join(out, records.INCOMPLETE_DIR)
+    staging = os.path.join(out, INCOMPLETE_DIR)
     log = open(tmp_path / "writer.log", "wb")
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, out], cwd=ROOT,
                             env=child_env(), stdout=log, stderr=subprocess.STDOUT)

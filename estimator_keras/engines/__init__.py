@@ -1,22 +1,27 @@
-"""Which training engine runs an experiment: ``estimator`` or ``keras``.
+"""The training engines, and which one this environment can run.
 
 - ``estimator``: ``tf.keras.estimator.model_to_estimator`` and
   ``tf.estimator.train_and_evaluate`` (TensorFlow <= 2.15 with
-  ``tensorflow-estimator``; see :mod:`estimator_keras.estimator`).
+  ``tensorflow-estimator``): :mod:`estimator_keras.engines.estimator`.
 - ``keras``: ``Model.fit`` under ``tf.distribute`` strategies (any
-  TensorFlow 2.15+; on 2.16+ with Keras 2 from the ``tf-keras`` package; see
-  :mod:`estimator_keras.fit`).
+  TensorFlow 2.15+; on 2.16+ with Keras 2 from the ``tf-keras`` package):
+  :mod:`estimator_keras.engines.keras`.
 
-Both read the same TFRecords through the same input pipeline and write
-checkpoints with the same object-based keys, so exports and weights move
-between them.
+Both implement :class:`estimator_keras.engines.base.Engine`, read the same
+TFRecords through the same input pipeline and write checkpoints with the same
+object-based keys (:mod:`estimator_keras.checkpoints`), so exports
+and weights move between them. This module decides which engine runs and
+imports TensorFlow only inside the functions that must probe it.
 
 Example::
 
     from estimator_keras import engines
-    engine = engines.resolve_engine("auto")   # "estimator" on TF 2.15, else "keras"
+    name = engines.resolve_engine("auto")   # "estimator" on TF 2.15, else "keras"
+    engine = engines.get_engine(name)
 """
 
+import importlib
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -45,12 +50,10 @@ def prefer_legacy_keras(environ=os.environ):
 
 def _installed(*distributions):
     """The version of the first installed distribution of these names, or None."""
-    from importlib import metadata  # pylint: disable=import-outside-toplevel
-
     for name in distributions:
         try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
             continue
     return None
 
@@ -171,3 +174,12 @@ def resolve_engine(requested="auto"):
             f"tensorflow-estimator==2.15.* on Python <= 3.11.")
     check_keras2(requested)
     return requested
+
+
+def get_engine(name):
+    """The :class:`~estimator_keras.engines.base.Engine` for a resolved name
+    ("estimator" or "keras"); imports that engine's module, and TensorFlow."""
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}.")
+    module = importlib.import_module(f"estimator_keras.engines.{name}")
+    return module.EstimatorEngine() if name == "estimator" else module.KerasEngine()

@@ -1,0 +1,105 @@
+"""Reading checkpoints of either engine: which step and engine wrote one,
+whether it fits a model, and the one correct way to load it into Keras.
+
+Both engines write object-based checkpoints whose weight keys are the
+model's (``layer_with_weights-N/kernel/.ATTRIBUTES/VARIABLE_VALUE``); the
+Estimator adds its ``estimator_global_step``, the keras engine its
+optimizer's ``iter``. An Estimator checkpoint loads correctly into Keras only
+into an *uncompiled* model with ``model.load_weights(prefix)``:
+``tf.train.Checkpoint(model=m).restore`` silently restores wrong weights.
+"""
+
+import os
+import tempfile
+
+import tensorflow as tf
+
+from estimator_keras.errors import ModelDirError
+
+_STEP_KEYS = ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step",
+              "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",
+              "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
+_ESTIMATOR_STEP = _STEP_KEYS[0]
+
+
+def latest_checkpoint(model_dir):
+    """The newest checkpoint prefix in ``model_dir``; ModelDirError if none."""
+    ckpt = tf.train.latest_checkpoint(str(model_dir))
+    if ckpt is None:
+        raise ModelDirError(f"{model_dir} holds no checkpoint: train first "
+                            f"(`python -m experiments train ... --model-dir {model_dir}`).")
+    return ckpt
+
+
+def checkpoint_step(checkpoint):
+    """The training step stored in a checkpoint of either engine, or None."""
+    reader = tf.train.load_checkpoint(checkpoint)
+    for key in _STEP_KEYS:
+        if reader.has_tensor(key):
+            return int(reader.get_tensor(key))
+    return None
+
+
+def checkpoint_engine(checkpoint):
+    """"estimator" or "keras": which engine wrote ``checkpoint``."""
+    reader = tf.train.load_checkpoint(checkpoint)
+    return "estimator" if reader.has_tensor(_ESTIMATOR_STEP) else "keras"
+
+
+def check_estimator_can_restore(checkpoint):
+    """The Estimator restores only its own checkpoints (it needs its global
+    step there); the keras engine restores both. Raises ModelDirError for a
+    keras-engine checkpoint, saying what works instead."""
+    if checkpoint_engine(checkpoint) == "keras":
+        model_dir = os.path.dirname(str(checkpoint))
+        raise ModelDirError(
+            f"{model_dir} was trained by the keras engine, and tf.estimator cannot restore "
+            f"its checkpoint {checkpoint} (it has no estimator_global_step). Use --engine "
+            f"keras for this model dir, or start a new --model-dir; the weights move between "
+            f"engines as {os.path.join(model_dir, 'export', 'weights.h5')}.")
+
+
+def _model_checkpoint_keys(model):
+    """Checkpoint key -> shape for each weight, as object-based checkpoints
+    name them (``layer_with_weights-N/kernel/...``)."""
+    keys = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp, "probe"))
+        reader = tf.train.load_checkpoint(prefix)
+        for key, shape in reader.get_variable_to_shape_map().items():
+            if key.startswith("model/") and "OPTIMIZER_SLOT" not in key:
+                keys[key[len("model/"):]] = tuple(shape)
+    return keys
+
+
+def check_compatible(model, checkpoint):
+    """Raises ModelDirError naming every weight missing from ``checkpoint`` or
+    of another shape there."""
+    wanted = _model_checkpoint_keys(model)
+    try:
+        have = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError) as e:
+        raise ModelDirError(f"cannot read checkpoint {checkpoint}: {e}") from e
+    have = {k: tuple(v) for k, v in have.items()}
+    missing = sorted(k for k in wanted if k not in have)
+    mismatched = sorted(f"{k}: model {wanted[k]}, checkpoint {have[k]}"
+                        for k in wanted if k in have and have[k] != wanted[k])
+    if missing or mismatched:
+        lines = [f"checkpoint {checkpoint} does not fit this model's architecture "
+                 f"(a model dir of another model?); refusing to restore it."]
+        if mismatched:
+            lines.append("shape mismatches: " + "; ".join(mismatched[:10]))
+        if missing:
+            lines.append("missing from the checkpoint: " + ", ".join(
+                k.split("/.ATTRIBUTES")[0] for k in missing[:10]))
+        lines.append("Use a fresh --model-dir for a different model.")
+        raise ModelDirError(" ".join(lines))
+
+
+def load_checkpoint_into(model, checkpoint):
+    """Restores a checkpoint of either engine into an uncompiled Keras model,
+    after :func:`check_compatible`."""
+    check_compatible(model, checkpoint)
+    status = model.load_weights(checkpoint)
+    status.assert_existing_objects_matched().expect_partial()
+    return model

@@ -1,0 +1,500 @@
+"""A local cluster launcher: one process per task on 127.0.0.1, without TensorFlow.
+
+:func:`launch_local_cluster` runs one command per task of a chief / worker /
+ps / evaluator cluster, each with its own ``TF_CONFIG``, streams their logs,
+and ends every process it started, whatever happens; it returns a
+:class:`ClusterResult` or raises a :class:`ClusterError` subclass that names
+the failing task. :func:`free_ports` reserves the ports and
+:func:`describe_returncode` words an exit status.
+
+Example::
+
+    result = launch_local_cluster(
+        [sys.executable, "-m", "experiments", "train", "mnist", "--model-dir", d],
+        workers=1, ps=1, evaluator=True)
+    result.returncodes    # {"chief-0": 0, "worker-0": 0, "ps-0": -15, "evaluator-0": 0}
+"""
+
+import atexit
+import collections
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from estimator_keras import io
+from estimator_keras.distribute.tf_config import TRAINING_TYPES, build_tf_config, short_json
+from estimator_keras.errors import EstimatorKerasError, UsageError
+
+logger = logging.getLogger(__name__)
+
+
+class ClusterError(EstimatorKerasError):
+    """A local cluster run failed (a task died, the run timed out, it was interrupted).
+
+    Attributes:
+      result: the :class:`ClusterResult` of the run so far (every task has been
+        stopped by then), or None when nothing started.
+    """
+
+    def __init__(self, message, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class ClusterTaskError(ClusterError):
+    """One task of a local cluster exited non-zero or was killed.
+
+    Attributes:
+      task: the task's name, e.g. "worker-0".
+      returncode: its exit status; negative -N when killed by signal N.
+      last_lines: the last lines of its output.
+      log_path: its full log.
+    """
+
+    def __init__(self, task, returncode, last_lines, log_path=None, result=None,
+                 also_failed=()):
+        self.task = task
+        self.returncode = returncode
+        self.last_lines = list(last_lines)
+        self.log_path = log_path
+        message = (f"task {task} {describe_returncode(returncode)}; all other tasks have been "
+                   f"stopped.")
+        if also_failed:
+            message += f" Also failed: {', '.join(also_failed)}."
+        if log_path:
+            message += f" Log: {log_path}."
+        if self.last_lines:
+            message += f" Last {len(self.last_lines)} lines of its log:\n" + "\n".join(
+                f"  | {line}" for line in self.last_lines)
+        else:
+            message += " It printed nothing."
+        super().__init__(message, result)
+
+
+class ClusterTimeoutError(ClusterError):
+    """A local cluster did not finish within its time limit.
+
+    Attributes:
+      timeout: the limit in seconds.
+      running: names of the tasks still running at the limit (now stopped).
+    """
+
+    def __init__(self, message, timeout, running, result=None):
+        super().__init__(message, result)
+        self.timeout = timeout
+        self.running = list(running)
+
+
+class ClusterInterrupted(ClusterError):
+    """The launcher itself received SIGTERM or SIGHUP; every task was stopped."""
+
+
+def describe_returncode(returncode):
+    """'exited with status 3' / 'was killed by signal SIGKILL (9)'."""
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {name} ({-returncode})"
+    return f"exited with status {returncode}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterResult:
+    """Outcome of :func:`launch_local_cluster`.
+
+    Attributes:
+      returncodes: task name ("chief-0", "ps-0", ...) -> exit status (negative
+        -N when ended by signal N, None if it could not be reaped).
+      log_paths: task name -> path of its log file.
+      pids: task name -> process id (each task leads its own process group).
+      ended_by_launcher: tasks the launcher stopped itself: always the ps tasks,
+        the evaluator when it outlived its grace period, everything on failure.
+      wall_time: seconds from the first start to the last process ended.
+      log_dir: the folder holding the logs.
+    """
+
+    returncodes: dict
+    log_paths: dict
+    pids: dict
+    ended_by_launcher: tuple
+    wall_time: float
+    log_dir: str
+
+
+def _address(host, port):
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def free_ports(n, host="127.0.0.1"):
+    """Return ``n`` distinct TCP ports that are free on ``host`` right now.
+
+    All ``n`` sockets are bound (port 0) at the same time and then released,
+    so the ports differ from each other; another program may still take one
+    before the task binds it, which the launch then reports as a task failure.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise UsageError(f"free_ports: n must be a non-negative integer; got {n!r}.")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind((host, 0))
+        ports = [s.getsockname()[1] for s in sockets]
+    except OSError as e:
+        raise ClusterError(f"could not reserve {n} free ports on {host}: {e}.") from e
+    finally:
+        for s in sockets:
+            s.close()
+    if len(set(ports)) != len(ports):
+        raise ClusterError(f"the system handed out duplicate ports on {host}: {ports}.")
+    return ports
+
+
+# Process groups started by launchers in this process and not yet reaped; an
+# interpreter exit that skips the launcher's finally still kills them.
+_LIVE_GROUPS = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def _kill_live_groups():
+    with _LIVE_LOCK:
+        groups = list(_LIVE_GROUPS)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+atexit.register(_kill_live_groups)
+
+
+class _Task:
+    def __init__(self, task_type, index, log_path, tail_lines):
+        self.type = task_type
+        self.index = index
+        self.name = f"{task_type}-{index}"
+        self.log_path = log_path
+        self.proc = None
+        self.reader = None
+        self.tail = collections.deque(maxlen=max(tail_lines, 1))
+        self.ended_by_launcher = False
+
+    def poll(self):
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+
+class _Echo:
+    """Serializes prefixed output lines of all tasks onto the launcher's stdout."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+        self.lock = threading.Lock()
+
+    def write(self, prefix, line):
+        if not self.enabled:
+            return
+        with self.lock:
+            try:
+                sys.stdout.write(f"[{prefix}] {line}\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                # A closed or broken stdout must not stop the log file copy.
+                self.enabled = False
+
+
+def _pump(task, log_file, echo):
+    """Copy one task's output into its log (and the echo) until the pipe closes."""
+    try:
+        with log_file:
+            for raw in iter(task.proc.stdout.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                log_file.write(line + "\n")
+                log_file.flush()
+                task.tail.append(line)
+                echo.write(task.name, line)
+    except (OSError, ValueError) as e:
+        logger.warning("Lost the output of task %s: %s", task.name, e)
+    finally:
+        try:
+            task.proc.stdout.close()
+        except OSError:
+            pass
+
+
+def _signal_group(task, sig):
+    try:
+        os.killpg(task.proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(tasks, grace):
+    """SIGTERM the running tasks' groups, SIGKILL what is left after ``grace`` s, reap all.
+
+    SIGKILL always follows: MultiWorkerMirroredStrategy installs its own SIGTERM
+    handler, so a task may survive SIGTERM.
+    """
+    started = [t for t in tasks if t.proc is not None]
+    for t in started:
+        if t.proc.poll() is None:
+            t.ended_by_launcher = True
+            _signal_group(t, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while any(t.proc.poll() is None for t in started) and time.monotonic() < end:
+        time.sleep(0.05)
+    for t in started:
+        # Also for leaders that exited: their children may still hold the group.
+        _signal_group(t, signal.SIGKILL)
+    for t in started:
+        try:
+            t.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.error("Task %s (pid %d) did not die after SIGKILL.", t.name, t.proc.pid)
+            continue
+        with _LIVE_LOCK:
+            _LIVE_GROUPS.pop(t.proc.pid, None)
+
+
+class _SignalGuard:
+    """Turns SIGTERM/SIGHUP into ClusterInterrupted in the main thread while active."""
+
+    def __init__(self):
+        self.previous = {}
+        self.received = None
+        self.cleaning = False
+
+    def error(self):
+        return ClusterInterrupted(
+            f"the launcher received {signal.Signals(self.received).name}; all tasks were "
+            f"stopped.")
+
+    def _handler(self, signum, frame):
+        first = self.received is None
+        if first:
+            self.received = signum
+        # Never interrupt the cleanup itself: it is what ends the tasks.
+        if first and not self.cleaning:
+            raise self.error()
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            current = signal.getsignal(sig)
+            if current is signal.SIG_IGN:
+                continue  # e.g. nohup: the caller wants this signal ignored
+            self.previous[sig] = current
+            signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        return False
+
+
+def _check_count(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UsageError(f"{name} must be an integer >= {minimum}; got {value!r}.")
+
+
+def _check_seconds(name, value, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            value >= 0 if allow_zero else value > 0):
+        raise UsageError(f"{name} must be a number of seconds {'>= 0' if allow_zero else '> 0'}; "
+                         f"got {value!r}.")
+
+
+def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir=None,
+                         timeout=1800.0, host="127.0.0.1", env=None, echo=True,
+                         evaluator_grace=120.0, kill_grace=5.0, tail_lines=20):
+    """Run ``task_command`` once per task of a local cluster and wait for the training.
+
+    The cluster is one chief, ``workers`` further workers and ``ps`` parameter
+    servers, each on a free port of ``host``, plus (``evaluator=True``) an
+    evaluator outside the cluster spec. Every task runs ``task_command`` as its
+    own process group with its own ``TF_CONFIG``; its output goes to
+    ``log_dir/<type>-<index>.log`` and, with ``echo``, to stdout prefixed
+    ``[chief-0]``, ``[worker-0]``, ...
+
+    The run succeeds when the chief and all workers exit 0. The evaluator then
+    has ``evaluator_grace`` seconds to finish by itself (the Estimator's
+    evaluator exits after evaluating the final checkpoint) before it is ended;
+    the ps tasks never exit by themselves and are always ended. Ending means
+    SIGTERM to the task's process group, then SIGKILL after ``kill_grace`` s.
+    No process outlives this call, whatever happens (error, timeout, Ctrl-C,
+    SIGTERM to the launcher; an interpreter exit still SIGKILLs via atexit).
+
+    Args:
+      task_command: argument list run for every task, e.g.
+        ``[sys.executable, "-m", "experiments", "train", "mnist", "--model-dir", d]``.
+      workers: number of workers besides the chief (0 or more).
+      ps: number of parameter servers.
+      evaluator: also run an evaluator task.
+      log_dir: folder for the logs; None makes a temporary folder.
+      timeout: limit in seconds for the whole run, evaluator grace included.
+      host: address to bind; keep the default loopback.
+      env: environment of the tasks (default: this process's); TF_CONFIG is set
+        per task and PYTHONUNBUFFERED=1 so that lines arrive as printed.
+      echo: copy every task's lines to stdout.
+      evaluator_grace: seconds the evaluator may run after training succeeded.
+      kill_grace: seconds between SIGTERM and SIGKILL.
+      tail_lines: how many last log lines an error quotes.
+
+    Returns:
+      :class:`ClusterResult`.
+
+    Raises:
+      ClusterTaskError: a task (ps and evaluator included) exited non-zero or
+        was killed; names the task, its status, log and last lines.
+      ClusterTimeoutError: ``timeout`` expired; names the tasks still running.
+      ClusterInterrupted: the launcher got SIGTERM/SIGHUP. KeyboardInterrupt
+        propagates after all tasks are stopped.
+      UsageError: bad arguments.
+    """
+    if isinstance(task_command, (str, bytes)) or not task_command or not all(
+            isinstance(a, (str, os.PathLike)) for a in task_command):
+        raise UsageError(
+            f"task_command must be a non-empty list of arguments such as [sys.executable, "
+            f"'-m', 'experiments', 'train', NAME, ...]; got {task_command!r}.")
+    task_command = [os.fspath(a) for a in task_command]
+    _check_count("workers", workers, 0)
+    _check_count("ps", ps, 0)
+    _check_count("tail_lines", tail_lines, 1)
+    _check_seconds("timeout", timeout)
+    _check_seconds("evaluator_grace", evaluator_grace, allow_zero=True)
+    _check_seconds("kill_grace", kill_grace, allow_zero=True)
+
+    if log_dir is None:
+        # Owner-only, as logs in a shared temporary folder should be.
+        log_dir = tempfile.mkdtemp(prefix="cluster-logs-")
+    log_dir = os.path.abspath(os.fspath(log_dir))
+    try:
+        io.makedirs(log_dir)
+    except OSError as e:
+        raise UsageError(f"cannot create the log folder {log_dir}: {e}.") from e
+
+    ports = free_ports(1 + workers + ps, host)
+    cluster = {"chief": [_address(host, ports[0])]}
+    if workers:
+        cluster["worker"] = [_address(host, p) for p in ports[1:1 + workers]]
+    if ps:
+        cluster["ps"] = [_address(host, p) for p in ports[1 + workers:]]
+    specs = [("chief", 0)] + [("worker", i) for i in range(workers)] + [
+        ("ps", i) for i in range(ps)] + ([("evaluator", 0)] if evaluator else [])
+    base_env = dict(os.environ if env is None else env)
+    base_env["PYTHONUNBUFFERED"] = "1"
+    tasks = [_Task(t, i, io.join(log_dir, f"{t}-{i}.log"), tail_lines) for t, i in specs]
+    echo_out = _Echo(echo)
+    logger.info("Local cluster %s%s; logs in %s", short_json(cluster, 400),
+                " + evaluator" if evaluator else "", log_dir)
+
+    start = time.monotonic()
+    error = None
+    with _SignalGuard() as guard:
+        try:
+            for task in tasks:
+                _start(task, task_command, cluster, base_env, echo_out)
+            error = _supervise(tasks, start + timeout, timeout, evaluator_grace, log_dir)
+        finally:
+            # Runs on success, failure, timeout, KeyboardInterrupt and ClusterInterrupted.
+            guard.cleaning = True
+            _stop(tasks, kill_grace)
+            for task in tasks:
+                if task.reader is not None:
+                    task.reader.join(timeout=5)
+        if guard.received is not None and error is None:
+            error = guard.error()
+    wall = time.monotonic() - start
+    result = ClusterResult(
+        returncodes={t.name: t.poll() for t in tasks},
+        log_paths={t.name: t.log_path for t in tasks},
+        pids={t.name: t.proc.pid for t in tasks if t.proc is not None},
+        ended_by_launcher=tuple(t.name for t in tasks if t.ended_by_launcher),
+        wall_time=wall,
+        log_dir=log_dir)
+    if error is not None:
+        error.result = result
+        raise error
+    logger.info("Local cluster finished in %.1f s.", wall)
+    return result
+
+
+def _start(task, command, cluster, base_env, echo):
+    env = dict(base_env)
+    env["TF_CONFIG"] = build_tf_config(cluster, task.type, task.index)
+    log_file = io.open_file(task.log_path, "w")
+    try:
+        task.proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True)
+    except OSError as e:
+        log_file.close()
+        raise ClusterError(f"could not start task {task.name} ({command[0]!r}): {e}.") from e
+    with _LIVE_LOCK:
+        _LIVE_GROUPS[task.proc.pid] = task.name
+    task.reader = threading.Thread(target=_pump, args=(task, log_file, echo),
+                                   name=f"cluster-log-{task.name}", daemon=True)
+    task.reader.start()
+    logger.info("Started %s (pid %d).", task.name, task.proc.pid)
+
+
+def _supervise(tasks, deadline, timeout, evaluator_grace, log_dir):
+    """Wait for the run's outcome; return the error to raise (None on success).
+
+    Returns rather than raises so the caller can stop everything and attach the
+    final result before raising.
+    """
+    training = [t for t in tasks if t.type in TRAINING_TYPES]
+    evaluator = next((t for t in tasks if t.type == "evaluator"), None)
+    eval_deadline = None
+    while True:
+        failed = [t for t in tasks if t.poll() not in (None, 0)]
+        if failed:
+            first = failed[0]
+            # The reader may still hold the last lines of the dead task.
+            if first.reader is not None:
+                first.reader.join(timeout=2)
+            return ClusterTaskError(first.name, first.poll(), list(first.tail), first.log_path,
+                                    also_failed=[t.name for t in failed[1:]])
+        now = time.monotonic()
+        if eval_deadline is None and all(t.poll() == 0 for t in training):
+            eval_deadline = now + evaluator_grace
+            logger.info("Training tasks finished.")
+        if eval_deadline is not None:
+            if evaluator is None or evaluator.poll() == 0:
+                return None
+            if now >= eval_deadline:
+                logger.warning("The evaluator did not finish within %.0f s after training; "
+                               "ending it.", evaluator_grace)
+                return None
+        if now >= deadline:
+            running = [t for t in tasks if t.running]
+            details = "".join(
+                f"\nLast lines of {t.name} ({t.log_path}):\n" + "\n".join(
+                    f"  | {line}" for line in list(t.tail)[-5:])
+                for t in running if t.tail and t.type != "ps")
+            return ClusterTimeoutError(
+                f"the local cluster did not finish within {timeout:g} s; still running: "
+                f"{', '.join(t.name for t in running)}. All tasks have been stopped; logs "
+                f"are in {log_dir}.{details}",
+                timeout, [t.name for t in running])
+        time.sleep(min(0.1, max(deadline - now, 0.01)))

@@ -1,0 +1,266 @@
+"""What every engine shares: the interface, the run description, the result,
+the hooks a runner plugs into, and the engine-neutral rules (progress lines,
+early stopping, the NaN message).
+
+An engine trains a Keras model described by a :class:`TrainingPlan`,
+checkpointing and evaluating every ``eval_every_steps`` steps, and reports
+through the plan's :class:`TrainingHooks`: ``log`` for progress lines and
+``on_evaluation(checkpoint, metrics)`` after each evaluation (where a runner
+logs the numbers and keeps the best export). Both engines write checkpoints
+with the same object-based keys, so evaluation, export and early stopping do
+not care which one trained.
+
+Example::
+
+    from estimator_keras.engines import get_engine
+    engine = get_engine("keras")
+    result = engine.train(TrainingPlan(model_dir="/tmp/run", build_model=build, ...))
+    print(result.metrics, result.global_step)
+"""
+
+import abc
+import dataclasses
+import logging
+import posixpath
+import time
+import typing
+
+from estimator_keras.errors import NumericalError, UsageError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class EarlyStopping:
+    """Stop training when an eval metric stops improving.
+
+    The rule, the same for both engines: training stops at the first
+    evaluation that comes ``patience_steps`` or more steps after the best one.
+
+    Attributes:
+      metric: eval metric name, e.g. "accuracy" or "loss".
+      patience_steps: stop when the metric has not improved for this many
+        training steps.
+      higher_is_better: True for accuracy-like metrics, False for losses.
+    """
+
+    metric: str
+    patience_steps: int
+    higher_is_better: bool = True
+
+    def better(self, value, best):
+        return best is None or (value > best if self.higher_is_better else value < best)
+
+    def should_stop(self, history):
+        """True when ``history``, a list of (step, value) in evaluation order,
+        calls for stopping."""
+        best = best_step = None
+        for step, value in history:
+            if self.better(value, best):
+                best, best_step = value, step
+            if step - best_step >= self.patience_steps:
+                return True
+        return False
+
+
+class TrainingHooks:
+    """What an engine reports while it trains. The defaults log through
+    ``logging``; a runner passes its own ``log`` and ``on_evaluation``."""
+
+    def __init__(self, log=None, on_evaluation=None):
+        self._log = log
+        self._on_evaluation = on_evaluation
+
+    def log(self, message):
+        (self._log or logger.info)(message)
+
+    def on_evaluation(self, checkpoint, metrics):
+        """After an evaluation of ``checkpoint``; ``metrics`` holds the eval
+        metrics and ``global_step``."""
+        if self._on_evaluation is not None:
+            self._on_evaluation(checkpoint, metrics)
+
+
+@dataclasses.dataclass
+class TrainingPlan:
+    """Everything an engine needs to train and evaluate one model."""
+
+    model_dir: str
+    """Checkpoints, summaries and (keras engine) the crash backup."""
+    build_model: typing.Callable
+    """Returns the uncompiled Keras model (raw record values in, scaling
+    inside); each engine compiles it with its own optimizers."""
+    loss: object
+    """The Keras loss (a name or an object)."""
+    metrics: typing.Callable
+    """Returns the list of Keras metrics for ``compile``."""
+    train_data: typing.Callable
+    """``fn(input_context=None)`` -> the training ``tf.data.Dataset``
+    (per-pipeline batches, repeating forever); an ``input_fn`` from
+    :func:`estimator_keras.make_input_fn` serves both engines."""
+    eval_data: typing.Callable
+    """The same for one pass over the eval split."""
+    max_steps: int
+    """Train until the global step reaches this (over all runs)."""
+    eval_every_steps: int
+    """Steps between checkpoints and evaluations."""
+    optimizer: str = "adam"
+    """Optimizer name (see :mod:`estimator_keras.engines.optimizers`)."""
+    learning_rate: float = 1e-3
+    """The optimizer's learning rate."""
+    eval_steps: typing.Optional[int] = None
+    """Batches per evaluation (None: the whole eval split)."""
+    batch_size: typing.Optional[int] = None
+    """Per-replica batch, for the examples/s of progress lines."""
+    replicas: int = 1
+    """Replicas updating in sync (progress lines only)."""
+    log_every_steps: int = 100
+    """Steps between progress lines."""
+    keep_checkpoint_max: int = 5
+    """Checkpoints kept in ``model_dir``."""
+    seed: typing.Optional[int] = None
+    """TensorFlow's random seed (None: random)."""
+    early_stopping: typing.Optional[EarlyStopping] = None
+    """An :class:`EarlyStopping`, or None."""
+    strategy: typing.Any = None
+    """A ``tf.distribute`` strategy, or None."""
+    hooks: TrainingHooks = dataclasses.field(default_factory=TrainingHooks)
+    """Where progress lines and evaluations are reported."""
+
+    def __post_init__(self):
+        self.model_dir = str(self.model_dir)
+        check_positive("max_steps", self.max_steps)
+        check_positive("eval_every_steps", self.eval_every_steps)
+        self.max_steps, self.eval_every_steps = int(self.max_steps), int(self.eval_every_steps)
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What an engine's training returns.
+
+    Attributes:
+      model: the trained model where the engine holds one (keras), else None.
+      metrics: the last evaluation's metrics and ``global_step``; None on
+        tasks that do not evaluate.
+      global_step: the step training ended at, where known.
+      checkpoint: the checkpoint to export (None: the latest in model_dir;
+        always None on non-chief tasks).
+    """
+
+    model: object
+    metrics: dict
+    global_step: int
+    checkpoint: str
+
+
+class Engine(abc.ABC):
+    """A way to train: ``estimator`` or ``keras``."""
+
+    name = None
+
+    @abc.abstractmethod
+    def train(self, plan):
+        """Trains and evaluates ``plan``; returns a :class:`RunResult`.
+
+        Raises:
+          NumericalError: the loss became NaN or infinite.
+        """
+
+    @abc.abstractmethod
+    def evaluate(self, plan, checkpoint):
+        """The metrics of ``checkpoint`` (from either engine) on
+        ``plan.eval_data``, with ``global_step``."""
+
+    def check_can_restore(self, checkpoint):
+        """Raises ModelDirError when this engine cannot continue from
+        ``checkpoint``; the default accepts every checkpoint."""
+
+    def prepare(self, plan, is_chief):
+        """Called on every task before training; a place to wait for what the
+        chief writes first."""
+
+
+def check_positive(name, value):
+    if value is None or isinstance(value, bool) or int(value) < 1:
+        raise UsageError(f"{name} must be a positive integer; given {value!r}.")
+
+
+def nan_error(step, checkpoint):
+    """The NumericalError both engines raise when the loss is NaN or infinite."""
+    at = f" at step {step}" if step is not None else ""
+    return NumericalError(
+        f"training stopped{at}: the loss became NaN or infinite. The last good checkpoint "
+        f"is {checkpoint or '(none written yet)'}. Lower the learning rate (--hparams "
+        f"learning_rate=...) or check the inputs for NaNs.")
+
+
+def plain_metrics(metrics):
+    """Metrics as Python numbers (TensorFlow hands back numpy scalars)."""
+    return {k: (float(v) if hasattr(v, "__float__") else v) for k, v in metrics.items()}
+
+
+def format_metrics(metrics):
+    """"accuracy 0.9012, loss 0.2764": every metric but the step, 4 digits."""
+    return ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(metrics.items())
+                     if k != "global_step")
+
+
+def scratch_dir(model_dir, task_id):
+    """Where a non-chief MultiWorkerMirrored worker writes the checkpoints it
+    must write to stay in step with the chief, and nobody reads. TensorFlow's
+    Estimator names it so; the keras engine follows."""
+    return posixpath.join(str(model_dir), f"tmp_worker_{task_id}")
+
+
+def progress_line(head, since, until, loss=None, batch_size=None, replicas=1):
+    """"HEAD, loss L, R steps/s, E examples/s" between two (step, seconds)
+    points, or None when no step was taken."""
+    steps, secs = until[0] - since[0], max(until[1] - since[1], 1e-9)
+    if steps <= 0:
+        return None
+    rate = steps / secs
+    parts = [head]
+    if loss is not None:
+        parts.append(f"loss {float(loss):.4f}")
+    parts.append(f"{rate:.1f} steps/s")
+    if batch_size:
+        parts.append(f"{rate * batch_size * replicas:,.0f} examples/s")
+    return ", ".join(parts)
+
+
+class ProgressMeter:
+    """Turns (step, loss) reports into progress lines every ``every_steps``
+    steps, and a summary at the end; both engines feed it."""
+
+    def __init__(self, every_steps, batch_size=None, replicas=1, log=None):
+        self.every_steps = max(1, int(every_steps))
+        self.batch_size, self.replicas = batch_size, replicas
+        self.log = log or logger.info
+        self.first = self.last = self.end = None
+        self.loss = None
+
+    def update(self, step, loss=None, now=None):
+        now = time.monotonic() if now is None else now
+        if loss is not None:
+            self.loss = loss
+        if self.last is None:
+            # The first step includes tracing and start-up: rates start after it.
+            self.first = self.last = (step, now)
+            return
+        self.end = (step, now)
+        if step - self.last[0] >= self.every_steps:
+            self._report(f"step {step}", self.last, self.end)
+            self.last = self.end
+
+    def finish(self, final_step, now=None):
+        if self.first is None:
+            return
+        if now is None:
+            now = self.end[1] if self.end else time.monotonic()
+        until = (final_step, now)
+        self._report(f"trained to step {final_step} (average)", self.first, until)
+
+    def _report(self, head, since, until):
+        line = progress_line(head, since, until, self.loss, self.batch_size, self.replicas)
+        if line:
+            self.log(line)

@@ -1,0 +1,278 @@
+"""The ``estimator`` engine: a Keras model -> tf.estimator, trained with
+``train_and_evaluate`` (TensorFlow <= 2.15 with tensorflow-estimator).
+
+Wraps ``tf.keras.estimator.model_to_estimator`` so that its known traps
+cannot bite: checkpoints are object-based (robust to auto-generated layer
+names), the optimizer is a legacy Keras optimizer chosen explicitly (no
+silent conversion), and a NaN loss stops training with a clear error.
+
+Example::
+
+    model = build_model()   # functional Keras model, compiled
+    est = to_estimator(model, "/tmp/run", save_checkpoints_steps=500)
+    metrics = train_and_evaluate(
+        est, make_input_fn(data, 128, training=True),
+        make_input_fn(data, 128, training=False), max_steps=2000,
+        eval_every_steps=500)
+"""
+
+import logging
+import time
+
+import tensorflow as tf
+
+from estimator_keras import checkpoints, export
+from estimator_keras.engines import base, optimizers
+from estimator_keras.errors import DataError, UsageError
+
+logger = logging.getLogger(__name__)
+
+# How long a non-chief task waits for the chief's first files.
+CHIEF_WAIT_SECS = 600
+
+
+def run_config(model_dir, *, save_checkpoints_steps=None, save_checkpoints_secs=None,
+               keep_checkpoint_max=5, log_every_steps=100, train_distribute=None,
+               eval_distribute=None, seed=None, session_config=None):
+    """A ``tf.estimator.RunConfig`` with this package's defaults.
+
+    Checkpoints every ``save_checkpoints_steps`` (or 600 s when neither is
+    given); TensorFlow's own step logging is turned off in favour of
+    :class:`ProgressHook`.
+    """
+    if save_checkpoints_steps is None and save_checkpoints_secs is None:
+        save_checkpoints_secs = 600
+    return tf.estimator.RunConfig(
+        model_dir=str(model_dir), tf_random_seed=seed,
+        save_checkpoints_steps=save_checkpoints_steps,
+        save_checkpoints_secs=save_checkpoints_secs if save_checkpoints_steps is None else None,
+        save_summary_steps=max(1, min(100, log_every_steps)),
+        keep_checkpoint_max=keep_checkpoint_max, log_step_count_steps=None,
+        train_distribute=train_distribute, eval_distribute=eval_distribute,
+        session_config=session_config)
+
+
+def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
+    """Wraps a compiled functional or Sequential Keras model as an Estimator.
+
+    Args:
+      keras_model: a compiled ``tf.keras`` model. A v2.11+ optimizer is
+        replaced by its legacy twin here, explicitly, with an INFO log line.
+      model_dir: where checkpoints and summaries go (ignored when ``config``
+        carries one).
+      config: a ``tf.estimator.RunConfig``; else one is made by
+        :func:`run_config` from ``run_config_kwargs``.
+
+    Returns:
+      A ``tf.estimator.Estimator`` writing object-based checkpoints, which
+      ``model.load_weights(checkpoint)`` restores exactly.
+    """
+    if keras_model.optimizer is None:
+        raise UsageError("to_estimator needs a compiled model: call "
+                         "model.compile(optimizer=..., loss=...) first.")
+    if not isinstance(keras_model.optimizer, tf.keras.optimizers.legacy.Optimizer):
+        replacement = optimizers.legacy_optimizer(keras_model.optimizer)
+        logger.info("tf.estimator needs a legacy Keras optimizer: compiling with "
+                    "legacy %s instead of %s", type(replacement).__name__,
+                    type(keras_model.optimizer).__name__)
+        keras_model.compile(optimizer=replacement, loss=keras_model.loss,
+                            metrics=_compiled_metrics(keras_model))
+    if config is None:
+        if model_dir is None:
+            raise UsageError("to_estimator needs a model_dir or a RunConfig.")
+        config = run_config(model_dir, **run_config_kwargs)
+    return tf.keras.estimator.model_to_estimator(
+        keras_model=keras_model, config=config, checkpoint_format="checkpoint")
+
+
+def _compiled_metrics(model):
+    # Keras 2.15 keeps the metrics given to compile() only on its metrics
+    # container; recompiling with the legacy optimizer must keep them.
+    container = getattr(model, "compiled_metrics", None)
+    return getattr(container, "_user_metrics", None)
+
+
+class ProgressHook(tf.estimator.SessionRunHook):
+    """Logs loss, steps/s and examples/s every ``every_steps`` steps, and the
+    average at the end (see :class:`~estimator_keras.engines.base.ProgressMeter`)."""
+
+    def __init__(self, every_steps=100, batch_size=None, replicas=1, log=None):
+        self._settings = (every_steps, batch_size, replicas, log)
+        self._step_tensor = self._loss = self._meter = None
+
+    def begin(self):
+        self._step_tensor = tf.compat.v1.train.get_global_step()
+        losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)
+        self._loss = losses[-1] if losses else None
+        self._meter = base.ProgressMeter(*self._settings)
+
+    def before_run(self, run_context):
+        fetches = {"step": self._step_tensor}
+        if self._loss is not None:
+            fetches["loss"] = self._loss
+        return tf.estimator.SessionRunArgs(fetches)
+
+    def after_run(self, run_context, run_values):
+        self._meter.update(int(run_values.results["step"]), run_values.results.get("loss"))
+
+    def end(self, session):
+        if self._meter.end is not None:
+            # The step fetched in before_run predates the last update.
+            self._meter.finish(int(session.run(self._step_tensor)))
+
+
+class EvaluationExporter(tf.estimator.Exporter):
+    """Calls ``on_evaluation(checkpoint, metrics)`` after every evaluation:
+    the Estimator's one per-evaluation callback, on whichever task evaluates
+    (the chief locally, the evaluator in a cluster)."""
+
+    def __init__(self, on_evaluation):
+        self._on_evaluation = on_evaluation
+
+    @property
+    def name(self):
+        return "evaluation"
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result,
+               is_the_final_export):
+        del estimator, export_path, is_the_final_export  # nothing goes to export_path
+        self._on_evaluation(checkpoint_path, base.plain_metrics(eval_result))
+
+
+class BestExporter(tf.estimator.Exporter):
+    """Keeps the Keras export of the best checkpoint by an eval metric.
+
+    Pass it in ``train_and_evaluate(..., exporters=[...])``: after every
+    evaluation it compares the metric with the best so far (remembered in
+    ``MODEL_DIR/best/export.json``, so restarts keep it) and, when better,
+    writes the same files as :func:`estimator_keras.export.export_model` into
+    ``MODEL_DIR/best``.
+
+    Example::
+
+        best = BestExporter(build_model, "accuracy", higher_is_better=True)
+        train_and_evaluate(est, train_fn, eval_fn, max_steps=5000, exporters=[best])
+    """
+
+    def __init__(self, model_builder, metric, higher_is_better=True, schema=None,
+                 features=None, log=None):
+        self._args = (model_builder, metric, higher_is_better)
+        self._kwargs = {"schema": schema, "features": features, "log": log}
+
+    @property
+    def name(self):
+        return "best_keras"
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result,
+               is_the_final_export):
+        del export_path, is_the_final_export  # the export goes next to the model dir
+        model_builder, metric, higher_is_better = self._args
+        return export.export_if_best(model_builder, estimator.model_dir, checkpoint_path,
+                                     eval_result, metric, higher_is_better, **self._kwargs)
+
+
+def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
+                       eval_every_steps=None, eval_steps=None, batch_size=None,
+                       replicas=1, log_every_steps=100, early_stopping=None,
+                       exporters=(), hooks=(), log=None):
+    """Trains and evaluates an Estimator; returns the final eval metrics.
+
+    Evaluation runs every time a checkpoint is saved, so the evaluation
+    interval is the RunConfig's ``save_checkpoints_steps`` (see
+    :func:`run_config`), and once at the end; ``eval_every_steps`` tells the
+    early-stopping hook how often to look. ``exporters`` (e.g.
+    :class:`BestExporter`) run after each evaluation. In a cluster only the
+    evaluator evaluates, so every other task returns None.
+
+    Raises:
+      NumericalError: the loss became NaN or infinite.
+    """
+    base.check_positive("max_steps", max_steps)
+    train_hooks = [ProgressHook(log_every_steps, batch_size, replicas, log), *hooks]
+    if early_stopping is not None:
+        # TensorFlow's hook applies EarlyStopping.should_stop's rule to the
+        # evaluations it reads from the eval dir, which in a cluster the
+        # evaluator writes.
+        make_hook = (tf.estimator.experimental.stop_if_no_increase_hook
+                     if early_stopping.higher_is_better
+                     else tf.estimator.experimental.stop_if_no_decrease_hook)
+        train_hooks.append(make_hook(
+            estimator, early_stopping.metric, early_stopping.patience_steps,
+            run_every_secs=None, run_every_steps=eval_every_steps or log_every_steps))
+    train_spec = tf.estimator.TrainSpec(train_input_fn, max_steps=int(max_steps),
+                                        hooks=train_hooks)
+    eval_spec = tf.estimator.EvalSpec(eval_input_fn, steps=eval_steps,
+                                      exporters=list(exporters),
+                                      start_delay_secs=0, throttle_secs=0)
+    try:
+        result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    except tf.compat.v1.train.NanLossDuringTrainingError as e:
+        raise base.nan_error(None, tf.train.latest_checkpoint(estimator.model_dir)) from e
+    if result is None:
+        return None
+    return base.plain_metrics(result[0])
+
+
+def compile_for_estimator(plan):
+    """The plan's model compiled with the legacy Keras optimizers."""
+    model = plan.build_model()
+    model.compile(optimizer=optimizers.legacy_optimizer(plan.optimizer, plan.learning_rate),
+                  loss=plan.loss, metrics=plan.metrics())
+    return model
+
+
+class EstimatorEngine(base.Engine):
+    """:class:`~estimator_keras.engines.base.Engine` over ``model_to_estimator``."""
+
+    name = "estimator"
+
+    def _estimator(self, plan, **run_config_kwargs):
+        return to_estimator(compile_for_estimator(plan),
+                            config=run_config(plan.model_dir, **run_config_kwargs))
+
+    def prepare(self, plan, is_chief):
+        if not is_chief:
+            _wait_for_warm_start(plan.model_dir, plan.hooks.log)
+
+    def train(self, plan):
+        estimator = self._estimator(
+            plan, save_checkpoints_steps=plan.eval_every_steps,
+            keep_checkpoint_max=plan.keep_checkpoint_max,
+            log_every_steps=plan.log_every_steps, train_distribute=plan.strategy,
+            seed=plan.seed)
+        metrics = train_and_evaluate(
+            estimator, plan.train_data, plan.eval_data, max_steps=plan.max_steps,
+            eval_every_steps=plan.eval_every_steps, eval_steps=plan.eval_steps,
+            batch_size=plan.batch_size, replicas=plan.replicas,
+            log_every_steps=plan.log_every_steps, early_stopping=plan.early_stopping,
+            exporters=[EvaluationExporter(plan.hooks.on_evaluation)], log=plan.hooks.log)
+        step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
+        return base.RunResult(None, metrics, step, None)
+
+    def evaluate(self, plan, checkpoint):
+        self.check_can_restore(checkpoint)
+        estimator = self._estimator(plan)
+        return base.plain_metrics(estimator.evaluate(plan.eval_data, steps=plan.eval_steps,
+                                                     checkpoint_path=checkpoint))
+
+    def check_can_restore(self, checkpoint):
+        checkpoints.check_estimator_can_restore(checkpoint)
+
+
+def _wait_for_warm_start(model_dir, log):
+    """model_to_estimator writes the initial weights to MODEL_DIR/keras/ unless
+    a checkpoint is there; tasks writing it at the same time break each
+    other's save ("MergeV2Checkpoints ... No such file"). The chief writes it;
+    the other tasks wait for it."""
+    keras_dir = f"{str(model_dir).rstrip('/')}/keras"
+    deadline = time.monotonic() + CHIEF_WAIT_SECS
+    waited = False
+    while not tf.train.latest_checkpoint(keras_dir):
+        if time.monotonic() > deadline:
+            raise DataError(f"the chief did not write the initial weights to {keras_dir} "
+                            f"within {CHIEF_WAIT_SECS} s; is the chief task running with the "
+                            f"same --model-dir?")
+        if not waited:
+            log(f"waiting for the chief to write the initial weights to {keras_dir}")
+            waited = True
+        time.sleep(0.5)

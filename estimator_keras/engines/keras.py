@@ -1,0 +1,299 @@
+"""The ``keras`` engine: ``Model.fit`` on the TFRecord pipeline, where
+``tf.estimator`` does not exist (TensorFlow 2.16+ with tf-keras) or is not wanted.
+
+It keeps the Estimator engine's contract, so that experiments, exports and
+the cluster commands do not change:
+
+- checkpoints in ``MODEL_DIR`` at the start and every ``eval_every_steps``
+  steps, object-based with the model as root (the same weight keys the
+  Estimator writes), so export and ``evaluate`` read either;
+- evaluation on the eval split after every checkpoint; TensorBoard summaries
+  in ``MODEL_DIR/train`` and ``MODEL_DIR/validation``;
+- crash-resume with ``tf.keras.callbacks.BackupAndRestore`` in
+  ``MODEL_DIR/backup`` (deleted when training completes); a finished run
+  continues from its last checkpoint when ``max_steps`` grows, and a model
+  dir the Estimator trained continues here at its global step;
+- ``max_steps`` is exact: the step count is the optimizer's ``iterations``;
+- a NaN or infinite loss stops training with :class:`NumericalError`.
+
+Example::
+
+    def build():
+        model = build_model()
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        return model
+
+    result = fit_and_evaluate(
+        build, lambda ctx: make_dataset(data, 128, training=True, input_context=ctx),
+        lambda ctx: make_dataset(data, 128, training=False, input_context=ctx),
+        model_dir="/tmp/run", max_steps=2000, eval_every_steps=500, batch_size=128)
+    print(result.metrics, result.global_step)
+"""
+
+import importlib.util
+import logging
+import math
+import posixpath
+import time
+
+import tensorflow as tf
+
+from estimator_keras import checkpoints, engines, io
+from estimator_keras.engines import base, optimizers
+from estimator_keras.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+BACKUP_DIR = "backup"
+CHECKPOINT_NAME = "model.ckpt"
+# Where TensorFlow's Keras TensorBoard callback puts the two runs.
+SUMMARY_SUBDIRS = ("train", "validation")
+
+# What fit_and_evaluate returns: the engines' one result type.
+FitResult = base.RunResult
+
+
+def _step(model):
+    return int(model.optimizer.iterations.numpy())
+
+
+class StepLimit(tf.keras.callbacks.Callback):
+    """Stops at exactly ``max_steps``, raises on a NaN loss, feeds the
+    progress lines."""
+
+    def __init__(self, max_steps, meter, manager):
+        super().__init__()
+        self.max_steps, self.meter, self.manager = max_steps, meter, manager
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = _step(self.model)
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise base.nan_error(step, self.manager.latest_checkpoint)
+        self.meter.update(step, None if loss is None else float(loss))
+        if step >= self.max_steps:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self.meter.finish(_step(self.model), now=time.monotonic())
+
+
+class Checkpoints(tf.keras.callbacks.Callback):
+    """Checkpoint, then report the evaluation, after every epoch (= every
+    eval_every_steps steps, or the last, shorter one); stops early when the
+    plan's EarlyStopping says so."""
+
+    def __init__(self, manager, hooks, is_chief, first_run, early_stopping):
+        super().__init__()
+        self.manager, self.hooks, self.is_chief = manager, hooks, is_chief
+        self.first_run, self.early_stopping = first_run, early_stopping
+        self.saved = None
+        self.history = []
+
+    def on_train_begin(self, logs=None):
+        if self.first_run:
+            # Like the Estimator: a checkpoint of the initial weights, so a
+            # run that fails early still leaves a good one.
+            self.saved = self.manager.save(checkpoint_number=_step(self.model))
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = _step(self.model)
+        self.saved = self.manager.save(checkpoint_number=step)
+        metrics = {k[len("val_"):]: float(v) for k, v in (logs or {}).items()
+                   if k.startswith("val_")}
+        if not metrics:
+            return
+        self.hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
+        if self.is_chief:
+            self.hooks.on_evaluation(self.saved, dict(metrics, global_step=step))
+        stop = self.early_stopping
+        if stop is not None and stop.metric in metrics:
+            self.history.append((step, metrics[stop.metric]))
+            if stop.should_stop(self.history):
+                self.model.stop_training = True
+
+
+def _task(strategy):
+    """(is_chief, task id) of this process under ``strategy``."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True, 0
+    return strategy.extended.should_checkpoint, int(resolver.task_id or 0)
+
+
+def _backup_checkpoint(backup):
+    """The checkpoint BackupAndRestore left in ``backup`` (in a subfolder of
+    its choosing), or None."""
+    if not tf.io.gfile.isdir(backup):
+        return None
+    for root, _, files in tf.io.gfile.walk(backup):
+        if "checkpoint" in files and tf.train.latest_checkpoint(root):
+            return tf.train.latest_checkpoint(root)
+    return None
+
+
+def _fit(plan, build_compiled_model):
+    """Model.fit under the plan; ``build_compiled_model`` returns the compiled
+    model and is called inside the strategy's scope."""
+    engines.check_keras2("keras")
+    hooks = plan.hooks
+    strategy = plan.strategy or tf.distribute.get_strategy()
+    is_chief, task_id = _task(strategy)
+    replicas = int(strategy.num_replicas_in_sync)
+    io.makedirs(plan.model_dir)
+
+    # Read before building the model: under MultiWorkerMirroredStrategy
+    # building syncs the workers, so no task can have written a checkpoint
+    # yet and every task sees the same answer.
+    latest = tf.train.latest_checkpoint(plan.model_dir)
+    with strategy.scope():
+        model = build_compiled_model()
+        if model.optimizer is None:
+            raise UsageError("the keras engine needs a compiled model: call "
+                             "model.compile(optimizer=..., loss=...) in build_compiled_model.")
+        checkpoint = tf.train.Checkpoint(root=model)
+        write_dir = plan.model_dir if is_chief else base.scratch_dir(plan.model_dir, task_id)
+        manager = tf.train.CheckpointManager(checkpoint, write_dir,
+                                             max_to_keep=plan.keep_checkpoint_max,
+                                             checkpoint_name=CHECKPOINT_NAME)
+        backup = posixpath.join(plan.model_dir, BACKUP_DIR)
+        backed_up = _backup_checkpoint(backup)
+        if latest and not backed_up:
+            # A finished (or Estimator-trained) run: continue from its last
+            # checkpoint. An interrupted one is BackupAndRestore's to restore.
+            checkpoint.restore(latest).expect_partial()
+            step = checkpoints.checkpoint_step(latest) or 0
+            if _step(model) != step:
+                # Another engine's optimizer: its state is not restored, the step is.
+                model.optimizer.iterations.assign(step)
+            hooks.log(f"resuming from {latest} (step {step})")
+        elif backed_up:
+            hooks.log(f"restoring the interrupted run from {backed_up} "
+                      f"(BackupAndRestore; the last checkpoint is {latest})")
+    step = _step(model)
+
+    train_data = (plan.train_data(input_context=None) if plan.strategy is None else
+                  strategy.distribute_datasets_from_function(
+                      lambda ctx: plan.train_data(input_context=ctx)))
+    # Keras needs a step count for distributed datasets, and a worker's share
+    # of a finite eval set is not known up front; handing Keras the plain
+    # dataset lets it split each batch between replicas and end all of them
+    # together. DATA sharding: every worker keeps its own batches of the
+    # whole eval split, so nothing is counted twice or missed.
+    eval_data = plan.eval_data(input_context=None)
+    if plan.strategy is not None:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA)
+        eval_data = eval_data.with_options(options)
+
+    meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log)
+    saver = Checkpoints(manager, hooks, is_chief, latest is None, plan.early_stopping)
+    # The backup first: then a checkpoint in MODEL_DIR never outruns the
+    # backup, and a restart never restores an older state than it has.
+    callbacks = [tf.keras.callbacks.BackupAndRestore(backup),
+                 StepLimit(plan.max_steps, meter, manager), saver]
+    if importlib.util.find_spec("tensorboard") is not None:
+        callbacks.append(tf.keras.callbacks.TensorBoard(
+            plan.model_dir, update_freq=plan.log_every_steps, profile_batch=0))
+    elif is_chief:
+        # TensorFlow 2.16+ no longer installs TensorBoard itself.
+        hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
+
+    metrics = None
+    if step < plan.max_steps:
+        history = model.fit(
+            train_data, epochs=math.ceil(plan.max_steps / plan.eval_every_steps),
+            initial_epoch=step // plan.eval_every_steps, steps_per_epoch=plan.eval_every_steps,
+            validation_data=eval_data, validation_steps=plan.eval_steps, callbacks=callbacks,
+            verbose=0)
+        metrics = {k[len("val_"):]: float(v[-1]) for k, v in history.history.items()
+                   if k.startswith("val_") and v} or None
+    step = _step(model)
+    if metrics is None:
+        # Nothing left to train (or BackupAndRestore ended it): evaluate the
+        # model as it is, so every run reports its numbers.
+        values = model.evaluate(eval_data, steps=plan.eval_steps, verbose=0, return_dict=True)
+        metrics = {k: float(v) for k, v in values.items()}
+        hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
+    metrics["global_step"] = step
+    saved = saver.saved or manager.latest_checkpoint
+    if is_chief and not _backup_checkpoint(backup):
+        io.rmtree(backup)  # empty once training completed
+    if not is_chief:
+        io.rmtree(write_dir)
+        saved = None
+    return base.RunResult(model, metrics, step, saved)
+
+
+def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *, model_dir,
+                     max_steps, eval_every_steps, eval_steps=None, batch_size=None,
+                     strategy=None, keep_checkpoint_max=5, log_every_steps=100,
+                     early_stopping=None, on_evaluation=None, log=None):
+    """Trains with ``Model.fit``, evaluating and checkpointing every
+    ``eval_every_steps`` steps; returns a :class:`FitResult`.
+
+    Args:
+      build_compiled_model: returns the compiled Keras model; called inside
+        ``strategy.scope()``.
+      train_dataset_fn: ``fn(input_context)`` returning a ``tf.data.Dataset``
+        of per-replica batches that repeats forever (``input_context`` is None
+        without a strategy; with one it says which share to read).
+      eval_dataset_fn: ``fn(None)`` returning one pass over the eval split;
+        under a strategy its batches are split between the replicas.
+      model_dir: checkpoints, summaries and the crash-resume backup.
+      max_steps: train until the optimizer has taken this many steps (over
+        all runs on ``model_dir``).
+      eval_every_steps: steps between checkpoints and evaluations.
+      eval_steps: batches per evaluation (None: the whole eval split).
+      batch_size: per-replica batch, for the examples/s log.
+      strategy: a ``tf.distribute`` strategy or None.
+      early_stopping: an :class:`estimator_keras.EarlyStopping`.
+      on_evaluation: ``fn(checkpoint, metrics)`` called on the chief after
+        each evaluation (e.g. a best-model export).
+      log: ``fn(str)`` for progress lines (default: logging.info).
+
+    Raises:
+      NumericalError: the loss became NaN or infinite.
+    """
+    plan = base.TrainingPlan(
+        model_dir=model_dir, build_model=build_compiled_model, loss=None, metrics=list,
+        train_data=lambda input_context: train_dataset_fn(input_context),
+        eval_data=lambda input_context: eval_dataset_fn(input_context),
+        max_steps=max_steps, eval_every_steps=eval_every_steps, eval_steps=eval_steps,
+        batch_size=batch_size, log_every_steps=log_every_steps,
+        keep_checkpoint_max=keep_checkpoint_max, early_stopping=early_stopping,
+        strategy=strategy, hooks=base.TrainingHooks(log, on_evaluation))
+    return _fit(plan, build_compiled_model)
+
+
+def compile_for_keras(plan):
+    """The plan's model compiled with the current Keras optimizers."""
+    model = plan.build_model()
+    model.compile(optimizer=optimizers.keras_optimizer(plan.optimizer, plan.learning_rate),
+                  loss=plan.loss, metrics=plan.metrics())
+    return model
+
+
+def evaluate_checkpoint(build_compiled_model, checkpoint, dataset, steps=None):
+    """Metrics of ``checkpoint`` (from either engine) on ``dataset``."""
+    model = build_compiled_model()
+    tf.train.Checkpoint(root=model).restore(checkpoint).expect_partial()
+    values = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+    metrics = {k: float(v) for k, v in values.items()}
+    metrics["global_step"] = checkpoints.checkpoint_step(checkpoint)
+    return metrics
+
+
+class KerasEngine(base.Engine):
+    """:class:`~estimator_keras.engines.base.Engine` over ``Model.fit``."""
+
+    name = "keras"
+
+    def train(self, plan):
+        return _fit(plan, lambda: compile_for_keras(plan))
+
+    def evaluate(self, plan, checkpoint):
+        return evaluate_checkpoint(lambda: compile_for_keras(plan), checkpoint,
+                                   plan.eval_data(input_context=None), plan.eval_steps)

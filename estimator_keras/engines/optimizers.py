@@ -1,0 +1,62 @@
+"""Optimizers by name for both engines.
+
+``tf.estimator`` needs the legacy Keras optimizers (``model_to_estimator``
+otherwise swaps them silently); the keras engine uses the current ones.
+Weights and exports are the same either way.
+"""
+
+import inspect
+
+import tensorflow as tf
+
+from estimator_keras.errors import ConfigError
+
+OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "adadelta", "ftrl")
+_CLASS_NAMES = {"adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad",
+                "adamax": "Adamax", "nadam": "Nadam", "adadelta": "Adadelta", "ftrl": "Ftrl"}
+
+
+def _check_name(name):
+    if name.lower() not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}.")
+    return name.lower()
+
+
+def legacy_optimizer(name_or_optimizer, learning_rate=None, **kwargs):
+    """A ``tf.keras.optimizers.legacy`` optimizer, which the Estimator needs.
+
+    Accepts a name ("adam", "sgd", ...) or a Keras optimizer object; a
+    v2.11+ optimizer object is rebuilt as its legacy twin with the same
+    learning rate and the hyperparameters both versions share.
+
+    Example::
+
+        model.compile(optimizer=legacy_optimizer("adam", 1e-3), loss=...)
+    """
+    legacy = tf.keras.optimizers.legacy
+    if isinstance(name_or_optimizer, legacy.Optimizer):
+        return name_or_optimizer
+    if isinstance(name_or_optimizer, str):
+        cls = getattr(legacy, _CLASS_NAMES[_check_name(name_or_optimizer)])
+        if learning_rate is not None:
+            kwargs["learning_rate"] = learning_rate
+        return cls(**kwargs)
+    cls = getattr(legacy, type(name_or_optimizer).__name__, None)
+    if cls is None:
+        raise ConfigError(
+            f"optimizer {type(name_or_optimizer).__name__} has no legacy Keras "
+            f"version, which tf.estimator requires; use one of "
+            f"{', '.join(OPTIMIZERS)}.")
+    config = name_or_optimizer.get_config()
+    accepted = set(inspect.signature(cls.__init__).parameters)
+    shared = {k: v for k, v in config.items() if k in accepted and k != "name"}
+    if learning_rate is not None:
+        shared["learning_rate"] = learning_rate
+    return cls(**shared)
+
+
+def keras_optimizer(name, learning_rate=None):
+    """A current Keras optimizer by name ("adam", "sgd", ...), with
+    ``learning_rate``; the keras engine's choice."""
+    config = {} if learning_rate is None else {"learning_rate": learning_rate}
+    return tf.keras.optimizers.get({"class_name": _check_name(name), "config": config})

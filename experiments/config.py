@@ -1,0 +1,102 @@
+"""The typed configuration of an experiment.
+
+An experiment is an :class:`ExperimentConfig` (what data, which model
+hyperparameters, how to train) plus a function that builds the Keras model
+from the model hyperparameters: an :class:`Experiment`. Every field has a
+docstring; ``--hparams`` and config files set fields by these names (see
+:mod:`experiments.hparams`).
+"""
+
+import dataclasses
+import typing
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Which dataset an experiment reads, and how."""
+
+    dataset: str
+    """Registered dataset name (see `python -m experiments prepare --help`)."""
+    train_split: str = "train"
+    """Split to train on."""
+    eval_split: str = "test"
+    """Split to evaluate on (one full pass per evaluation)."""
+    features: dict = dataclasses.field(default_factory=lambda: {"image": "image"})
+    """Model input name -> record feature name."""
+    label: str = "label"
+    """Record feature holding the label."""
+    shuffle: str = "batch"
+    """"batch" (shuffle files and whole batches: fast), "record" (classic
+    per-record buffer), or "none"."""
+    shuffle_buffer: int = 64
+    """Shuffle buffer: batches for "batch", records for "record"."""
+    cache: bool = False
+    """Cache parsed batches in memory after the first epoch."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """How to train."""
+
+    batch_size: int = 128
+    """Examples per step per replica (the global batch is this times the
+    number of replicas; both are logged)."""
+    max_steps: int = 5000
+    """Total training steps (global step), across restarts."""
+    eval_every_steps: int = 1000
+    """Save a checkpoint and evaluate every this many steps."""
+    log_every_steps: int = 200
+    """Log loss, steps/s and examples/s every this many steps."""
+    optimizer: str = "adam"
+    """Optimizer name (a legacy Keras optimizer, as tf.estimator needs)."""
+    learning_rate: float = 1e-3
+    """Optimizer learning rate."""
+    early_stopping_steps: int = 0
+    """Stop when the best metric has not improved for this many steps
+    (0: off)."""
+    keep_checkpoint_max: int = 5
+    """Checkpoints kept in the model dir."""
+    seed: int = 42
+    """Graph-level random seed (initialization, dropout, shuffling)."""
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """A named, reproducible training setup."""
+
+    name: str
+    """Registry key, e.g. "fashion_mnist_cnn"."""
+    description: str
+    """One line for `python -m experiments list`."""
+    data: DataConfig
+    """The dataset and input pipeline."""
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    """Training hyperparameters."""
+    model: dict = dataclasses.field(default_factory=dict)
+    """Model hyperparameters passed to the experiment's model builder."""
+    loss: str = "sparse_categorical_crossentropy"
+    """Keras loss name."""
+    best_metric: str = "accuracy"
+    """Eval metric that picks the best checkpoint and drives early stopping."""
+    higher_is_better: bool = True
+    """Direction of best_metric."""
+
+
+@dataclasses.dataclass
+class Experiment:
+    """A config plus the code that builds its model.
+
+    Attributes:
+      config: the ExperimentConfig.
+      build_model: callable(model hparams dict) -> uncompiled Keras model
+        whose inputs take records' raw values (scaling inside the model).
+      metrics: callable() -> list of Keras metrics for compile().
+    """
+
+    config: ExperimentConfig
+    build_model: typing.Callable
+    metrics: typing.Callable = lambda: ["accuracy"]
+
+    @property
+    def name(self):
+        return self.config.name

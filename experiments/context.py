@@ -1,0 +1,215 @@
+"""What a run decides once, before any task role runs: the task, the engine,
+the strategy, the data and the input pipelines.
+
+The order matters: TF_CONFIG is read and MultiWorkerMirroredStrategy created
+before any eager TensorFlow op, then the data is found (or prepared by the
+chief), and the model is built once to check the records against it.
+"""
+
+import dataclasses
+import sys
+import time
+
+import tensorflow as tf
+
+from estimator_keras import checkpoints, engines, inputs, records
+from estimator_keras.distribute import strategy as strategy_lib
+from estimator_keras.distribute import tf_config
+from estimator_keras.engines import base
+from estimator_keras.errors import DataError, SchemaError
+from experiments import datasets
+
+# How long a non-chief task waits for the chief to prepare the data.
+DATA_WAIT_SECS = 600
+
+
+def say(message):
+    """Progress for people, on stderr (stdout carries the results)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def engine_for(requested, model_dir):
+    """resolve_engine, except that "auto" keeps a model dir the keras engine
+    trained with the keras engine (the Estimator cannot restore it)."""
+    if (requested or "auto") == "auto":
+        latest = tf.train.latest_checkpoint(str(model_dir))
+        if latest and checkpoints.checkpoint_engine(latest) == "keras":
+            requested = "keras"
+    return engines.resolve_engine(requested)
+
+
+def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1):
+    """The dataset directory, prepared first if missing (by the chief only;
+    other tasks wait for its manifest)."""
+    name = config.data.dataset
+    if datasets.is_prepared(data_dir, name):
+        return datasets.dataset_dir(data_dir, name)
+    if is_chief:
+        from experiments import prepare  # pylint: disable=import-outside-toplevel  (rarely needed)
+        say(f"dataset {name} is not in {data_dir}: preparing it first")
+        return prepare.prepare(name, data_dir, source_dir=source_dir, num_workers=num_workers)
+    deadline = time.monotonic() + DATA_WAIT_SECS
+    while time.monotonic() < deadline:
+        if datasets.is_prepared(data_dir, name):
+            return datasets.dataset_dir(data_dir, name)
+        time.sleep(2)
+    raise DataError(f"dataset {name} did not appear in {data_dir} within "
+                    f"{DATA_WAIT_SECS} s; the chief prepares it, or run "
+                    f"`python -m experiments prepare {name} --data-dir {data_dir}` first.")
+
+
+def input_fns(config, dataset_path, info=None, skip_corrupt=False):
+    """Train and eval input_fns over the experiment's dataset."""
+    data = config.data
+    input_config = inputs.InputConfig(
+        features=data.features, label=data.label, shuffle=data.shuffle,
+        shuffle_buffer=data.shuffle_buffer, cache=data.cache,
+        skip_corrupt=skip_corrupt, seed=None)
+    shard = None
+    if info is not None and info.has_ps and info.task_type in tf_config.TRAINING_TYPES:
+        # Parameter-server workers get no InputContext: split the files
+        # between chief and workers from TF_CONFIG instead.
+        order = info.cluster.get("chief", []) + info.cluster.get("worker", [])
+        shard = (len(order), order.index(info.task_address))
+    train_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=True,
+                                    split=data.train_split, config=input_config, shard=shard)
+    eval_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=False,
+                                   split=data.eval_split, config=input_config)
+    return train_fn, eval_fn
+
+
+def check_inputs(model, config, dataset_path):
+    """Fails before training when records do not fit the model's inputs,
+    with expected and found side by side."""
+    schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
+    mapping = inputs.feature_map(schema, config.data.features, config.data.label)
+    inputs.check_feature_keys(model, mapping)
+    for input_name, tensor in zip(model.input_names, model.inputs):
+        spec = schema[mapping[input_name]]
+        expected = tuple(tensor.shape[1:])
+        if spec.encoding in ("bytes",) or tuple(spec.shape) != expected:
+            raise SchemaError(
+                f"record feature {mapping[input_name]!r} does not fit model input "
+                f"{input_name!r}: the model expects shape {list(expected)} "
+                f"(numeric), the records hold {spec.dtype} shape {list(spec.shape)} "
+                f"({spec.encoding}) in {dataset_path}.")
+    return schema, mapping
+
+
+@dataclasses.dataclass
+class RunContext:
+    """A run's decisions, made once by :meth:`build`.
+
+    Attributes:
+      experiment, config: what to train (config with overrides applied).
+      info: this task (:class:`~estimator_keras.distribute.tf_config.ClusterInfo`).
+      engine: the :class:`~estimator_keras.engines.base.Engine`.
+      strategy_name, distribute, replicas: the distribution strategy.
+      model_dir, export_dir, tensorboard_dir: where things go (export_dir
+        None: MODEL_DIR/export; tensorboard_dir None: MODEL_DIR).
+      dataset_path: the prepared dataset directory.
+      train_fn, eval_fn: the input functions (their ``files`` say what they read).
+      probe: one uncompiled model, built to check the records and checkpoints.
+      skip_corrupt: drop unreadable records instead of stopping.
+    """
+
+    experiment: object
+    config: object
+    info: object
+    engine: object
+    strategy_name: str
+    distribute: object
+    replicas: int
+    model_dir: str
+    export_dir: str
+    tensorboard_dir: str
+    dataset_path: str
+    train_fn: object
+    eval_fn: object
+    probe: object
+    skip_corrupt: bool
+
+    @classmethod
+    def build(cls, experiment, config, *, model_dir, data_dir, source_dir=None,
+              strategy="auto", engine="auto", skip_corrupt=False, prepare_workers=1,
+              export_dir=None, tensorboard_dir=None):
+        info = tf_config.parse_tf_config()
+        engine_name = engine_for(engine, model_dir)
+        # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
+        gpus = strategy_lib.local_gpu_count() if strategy in ("auto", "mirrored") else 0
+        strategy_name = strategy_lib.choose_strategy(strategy, info, gpus)
+        if engine_name == "keras":
+            # choose_strategy has already refused parameter_server without ps tasks.
+            engines.check_keras_cluster(
+                ps="the ps tasks in TF_CONFIG" if info.has_ps else None,
+                evaluator="an evaluator task (TF_CONFIG)" if info.is_evaluator else None)
+        distribute = strategy_lib.make_train_distribute(strategy_name, cluster_info=info)
+        # Only now: importing an engine loads Keras.
+        context = cls(experiment=experiment, config=config, info=info,
+                      engine=engines.get_engine(engine_name), strategy_name=strategy_name,
+                      distribute=distribute, replicas=strategy_lib.num_replicas(distribute),
+                      model_dir=str(model_dir), export_dir=export_dir,
+                      tensorboard_dir=tensorboard_dir, dataset_path=None, train_fn=None,
+                      eval_fn=None, probe=None, skip_corrupt=skip_corrupt)
+        context.log_header()
+        context.dataset_path = ensure_data(config, data_dir, source_dir,
+                                           is_chief=info.is_chief, num_workers=prepare_workers)
+        tf.keras.utils.set_random_seed(config.train.seed)
+        context.probe = experiment.build_model(config.model)
+        check_inputs(context.probe, config, context.dataset_path)
+        context.train_fn, context.eval_fn = input_fns(config, context.dataset_path, info,
+                                                      skip_corrupt)
+        return context
+
+    def log(self, message):
+        say(f"[{self.info.task_name}] {message}")
+
+    def log_header(self):
+        config, train = self.config, self.config.train
+        if self.strategy_name == "parameter_server":
+            # Asynchronous updates: every worker step is one global step of
+            # one batch, so examples/s = global steps/s x batch size, with no
+            # replica factor (one would double-count).
+            self.log(f"experiment {config.name}: strategy {self.strategy_name}, batch size "
+                     f"{train.batch_size} per update, {self.info.num_workers} training "
+                     f"task(s) updating asynchronously; engine {self.engine.name}")
+        else:
+            self.log(f"experiment {config.name}: strategy {self.strategy_name}, batch size "
+                     f"{train.batch_size} per replica, {train.batch_size * self.replicas} "
+                     f"global ({self.replicas} replica(s)); engine {self.engine.name}")
+
+    def build_model(self):
+        return self.experiment.build_model(self.config.model)
+
+    @property
+    def schema(self):
+        return self.train_fn.files.schema
+
+    def plan(self, hooks):
+        """The engine's :class:`~estimator_keras.engines.base.TrainingPlan`."""
+        config, train = self.config, self.config.train
+        early = None
+        if train.early_stopping_steps:
+            early = base.EarlyStopping(config.best_metric, train.early_stopping_steps,
+                                       config.higher_is_better)
+        return experiment_plan(
+            self.experiment, config, model_dir=self.model_dir, train_data=self.train_fn,
+            eval_data=self.eval_fn, replicas=self.replicas, early_stopping=early,
+            strategy=self.distribute, hooks=hooks)
+
+
+def experiment_plan(experiment, config, **fields):
+    """A :class:`~estimator_keras.engines.base.TrainingPlan` for an experiment's
+    model and training settings; ``fields`` set the rest (model_dir, data...)."""
+    train = config.train
+    fields.setdefault("model_dir", "")
+    fields.setdefault("train_data", None)
+    fields.setdefault("eval_data", None)
+    return base.TrainingPlan(
+        build_model=lambda: experiment.build_model(config.model), loss=config.loss,
+        metrics=experiment.metrics, max_steps=train.max_steps,
+        eval_every_steps=train.eval_every_steps, optimizer=train.optimizer,
+        learning_rate=train.learning_rate, batch_size=train.batch_size,
+        log_every_steps=train.log_every_steps, keep_checkpoint_max=train.keep_checkpoint_max,
+        seed=train.seed, **fields)

@@ -1,0 +1,90 @@
+"""``--hparams key=value,...``: parsing, and applying overrides to a config.
+
+Keys are looked up in TrainConfig, then DataConfig, then the model dict;
+each value is parsed to the type of the field's current value, and an
+unknown key is a ConfigError listing every valid key.
+"""
+
+import dataclasses
+
+from experiments.config import DataConfig, TrainConfig
+from estimator_keras.errors import ConfigError, UsageError
+
+
+def _coerce(key, text, default):
+    if isinstance(default, bool):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"hparam {key}={text!r}: expected a boolean (true/false).")
+    for kind in (int, float):
+        if isinstance(default, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                raise ConfigError(f"hparam {key}={text!r}: expected {kind.__name__} "
+                                  f"(default {default!r}).") from None
+    if default is None:
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    if isinstance(default, (list, tuple)):
+        return type(default)(_coerce(key, t, default[0] if default else "")
+                             for t in text.split(":"))
+    return text
+
+
+def parse_hparams(text):
+    """'a=1,b=x' -> {'a': '1', 'b': 'x'}; UsageError on malformed items."""
+    result = {}
+    for item in filter(None, (t.strip() for t in (text or "").split(","))):
+        if "=" not in item:
+            raise UsageError(f"--hparams item {item!r} is not key=value; expected "
+                             f"e.g. --hparams learning_rate=0.01,dropout=0.3.")
+        key, value = item.split("=", 1)
+        result[key.strip()] = value.strip()
+    return result
+
+
+def with_overrides(config, hparams=None, **flags):
+    """A copy of ``config`` with hparams (strings) and typed flags applied.
+
+    Keys are looked up in TrainConfig, then DataConfig, then the model dict;
+    an unknown key is a ConfigError listing every valid key.
+    """
+    train = dataclasses.replace(config.train)
+    data = dataclasses.replace(config.data)
+    model = dict(config.model)
+    for key, value in flags.items():
+        if value is not None:
+            setattr(train, key, value)
+    for key, text in (hparams or {}).items():
+        for target in (train, data):
+            if key in {f.name for f in dataclasses.fields(target)} and key not in (
+                    "dataset", "features"):
+                setattr(target, key, _coerce(key, text, getattr(target, key)))
+                break
+        else:
+            if key in model:
+                model[key] = _coerce(key, text, model[key])
+            else:
+                valid = sorted({f.name for f in dataclasses.fields(TrainConfig)}
+                               | {f.name for f in dataclasses.fields(DataConfig)}
+                               - {"dataset", "features"} | set(model))
+                raise ConfigError(f"unknown hparam {key!r} for experiment "
+                                  f"{config.name!r}; valid: {', '.join(valid)}.")
+    _validate(config.name, train)
+    return dataclasses.replace(config, train=train, data=data, model=model)
+
+
+def _validate(name, train):
+    for key in ("batch_size", "max_steps", "eval_every_steps", "log_every_steps"):
+        if getattr(train, key) < 1:
+            raise ConfigError(f"{name}: {key} must be a positive integer; given "
+                              f"{getattr(train, key)!r}.")
+    if not train.learning_rate > 0:
+        raise ConfigError(f"{name}: learning_rate must be positive; given "
+                          f"{train.learning_rate!r}.")

@@ -1,0 +1,102 @@
+"""The shape of the house: TensorFlow stays out of the light modules, the
+public API resolves, modules import each other in one direction and stay
+small enough to read."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import ROOT, child_env
+
+PACKAGES = ("estimator_keras", "experiments")
+TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
+           "estimator_keras.schema", "estimator_keras.manifest", "estimator_keras.modeldir",
+           "estimator_keras.engines", "estimator_keras.engines.base",
+           "estimator_keras.distribute.tf_config", "estimator_keras.distribute.launcher",
+           "estimator_keras.distribute.strategy", "estimator_keras.sources",
+           "estimator_keras.cloud.spec", "estimator_keras.cloud.vertex",
+           "estimator_keras.cloud.tfjob", "estimator_keras.cloud.jobenv",
+           "experiments.cli", "experiments.registry", "experiments.catalog",
+           "experiments.config", "experiments.hparams", "experiments.datasets")
+MAX_LINES = 600
+
+
+def test_light_modules_do_not_import_tensorflow():
+    code = ("import importlib, sys\n"
+            f"for name in {TF_FREE!r}:\n"
+            "    importlib.import_module(name)\n"
+            "from experiments import catalog\n"
+            "catalog.load()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'keras', 'tf_keras')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout[:500]
+
+
+def test_public_api_resolves_lazily():
+    import estimator_keras  # pylint: disable=import-outside-toplevel
+
+    for name in estimator_keras.__all__:
+        if name in ("to_estimator", "train_and_evaluate", "BestExporter"):
+            continue  # tf.estimator: TensorFlow 2.15 only
+        assert getattr(estimator_keras, name) is not None, name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        estimator_keras.no_such_name  # pylint: disable=pointless-statement
+
+
+def _modules():
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    yield dotted.removesuffix(".__init__"), path
+
+
+def _imports(module, path, known):
+    """The package-internal modules ``module`` imports, as dotted names."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in known and n != module)
+    return found
+
+
+def test_no_import_circles():
+    modules = dict(_modules())
+    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    # A package's __init__ that names its submodules is not a circle.
+    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+    state = {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            if state.get(dep) == "open":
+                raise AssertionError("import circle: " + " -> ".join(
+                    trail[trail.index(dep):] + [dep]))
+            if dep not in state:
+                visit(dep, trail + [dep])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_no_module_is_too_long():
+    long = {m: n for m, p in _modules()
+            if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
