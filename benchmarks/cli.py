@@ -1,13 +1,18 @@
-"""``python -m benchmarks``: run the tables, print them, write JSON.
+"""``python -m benchmarks``: run the tables, print them, write JSON and plots.
 
 Example::
 
-    python -m benchmarks --tables input,training --data-dir data --json out.json
-    python -m benchmarks --quick --tables input --data-dir /tmp/tiny_dataset
+    python -m benchmarks --tables all --data-dir data --json benchmarks/results/all.json
+    python -m benchmarks --tables all --quick --data-dir data
+    python -m benchmarks --tables input,training --data-dir data
 
 With more than one table, each table runs in its own child process (so one
 table's TensorFlow state, thread pools and memory cannot colour the next),
-and the parent merges their results.
+and the parent merges their results. A table runs under the interpreter of
+the environment it needs: the keras table under TensorFlow 2.16+ with
+tf-keras (``--python-keras``, by default ``.venv-keras/bin/python`` of the
+checkout), the Estimator tables under TensorFlow 2.15 (``--python-estimator``,
+by default this interpreter when it has tf.estimator, else ``.venv/bin/python``).
 """
 
 import argparse
@@ -19,19 +24,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 
-from benchmarks import common
+from benchmarks import common, plots
+from estimator_keras import engines
 
+# name -> (module, the environment it runs in: "estimator", "keras" or "any").
 TABLES = {
-    "input": "benchmarks.input_table",
-    "training": "benchmarks.training_table",
-    "inputbound": "benchmarks.inputbound_table",
-    "writing": "benchmarks.writing_table",
-    "accuracy": "benchmarks.accuracy_table",
+    "input": ("benchmarks.input_table", "estimator"),
+    "training": ("benchmarks.training_table", "estimator"),
+    "inputbound": ("benchmarks.inputbound_table", "estimator"),
+    "writing": ("benchmarks.writing_table", "any"),
+    "keras": ("benchmarks.keras_table", "keras"),
+    "accuracy": ("benchmarks.accuracy_table", "estimator"),
+    "shapes": ("benchmarks.shapes_table", "any"),
+    "cluster": ("benchmarks.cluster_table", "any"),
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
-# Per-table bound on a child process, seconds (accuracy trains for a long time).
-CHILD_TIMEOUT = {"accuracy": 4 * 3600}
+# Per-table bound on a child process, seconds (accuracy and shapes train for long).
+CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600}
 DEFAULT_CHILD_TIMEOUT = 3600
 REPO_ROOT = os.path.dirname(common.HERE)
 
@@ -40,11 +51,13 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Benchmarks of estimator-keras on Fashion-MNIST TFRecords: input "
-                    "pipelines, training steps/s, input-boundness, writing, accuracy.")
+                    "pipelines, training steps/s, input-boundness, writing, the keras "
+                    "engine, time to accuracy, shapes_unet's quality, one process against "
+                    "chief + worker.")
     p.add_argument("--tables", default=",".join(DEFAULT_TABLES),
-                   help=f"comma-separated tables among {', '.join(TABLES)} "
-                        f"(default: {','.join(DEFAULT_TABLES)}; accuracy is slow and "
-                        f"runs only when named)")
+                   help=f"comma-separated tables among {', '.join(TABLES)}, or all "
+                        f"(default: {','.join(DEFAULT_TABLES)}; keras, accuracy, shapes and "
+                        f"cluster run when named or with all)")
     p.add_argument("--data-dir", default="data",
                    help="a dataset directory (with dataset.json), or a folder where "
                         "fashion_mnist/ is or will be prepared (default: data)")
@@ -62,12 +75,67 @@ def build_parser():
                    help="scratch folder (default: a new temporary folder, removed at the end)")
     p.add_argument("--accuracy-steps", type=int, default=None,
                    help="training steps of the accuracy table (default: the experiment's, 6000)")
+    p.add_argument("--accuracy-runs", default=None, metavar="A,B",
+                   help="the accuracy table's runs (default: "
+                        "keras_numpy,project_default,project_bf16,project_bf16_eval1000,"
+                        "project_record_shuffle; see benchmarks/accuracy_runs.py)")
+    p.add_argument("--python-estimator", default=None, metavar="PYTHON",
+                   help="interpreter with TensorFlow 2.15 and tf.estimator")
+    p.add_argument("--python-keras", default=None, metavar="PYTHON",
+                   help="interpreter with TensorFlow 2.16+ and tf-keras")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--in-process", action="store_true",
                    help="run every table in this process instead of one child per table")
     return p
 
 
+def _version(*names):
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def environment_of(python=None):
+    """"estimator", "keras" or None: what this interpreter (or ``python``) runs."""
+    if python is None:
+        tensorflow = _version("tensorflow", "tensorflow-cpu")
+        if not tensorflow:
+            return None
+        if _version("tensorflow-estimator", "tensorflow_estimator"):
+            return "estimator"
+        return "keras" if _version("tf-keras", "tf_keras") else None
+    probe = ("from benchmarks import cli; print(cli.environment_of())")
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    try:
+        out = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True,
+                             timeout=120, check=False).stdout.strip()
+    except OSError:
+        return None
+    return out if out in ("estimator", "keras") else None
+
+
+def interpreters(args):
+    """{"estimator": PYTHON or None, "keras": PYTHON or None}."""
+    here = environment_of()
+    found = {}
+    for kind, given, venv in (("estimator", args.python_estimator, ".venv"),
+                              ("keras", args.python_keras, ".venv-keras")):
+        if given:
+            found[kind] = given
+        elif here == kind:
+            found[kind] = sys.executable
+        else:
+            candidate = os.path.join(REPO_ROOT, venv, "bin", "python")
+            found[kind] = candidate if os.path.exists(candidate) else None
+    return found
+
+
 def parse_tables(text):
+    if text.strip() == "all":
+        return list(TABLES)
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [t for t in names if t not in TABLES]
     if unknown or not names:
@@ -78,18 +146,21 @@ def parse_tables(text):
 
 def run_table(name, settings, extra=None):
     """Runs one table in this process; returns its result dict."""
-    module = importlib.import_module(TABLES[name])
+    module = importlib.import_module(TABLES[name][0])
     start = time.monotonic()
     result = module.run(settings, **(extra or {}))
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
 
 
-def _child_args(args, table, json_path, workdir):
-    argv = [sys.executable, "-m", "benchmarks", "--tables", table, "--json", json_path,
-            "--in-process", "--data-dir", args.data_dir, "--workdir", workdir]
+def _child_args(args, python, table, json_path, workdir, pythons):
+    argv = [python, "-m", "benchmarks", "--tables", table, "--json", json_path,
+            "--in-process", "--no-plots", "--data-dir", args.data_dir, "--workdir", workdir]
     for flag, value in (("--examples", args.examples), ("--repeats", args.repeats),
-                        ("--window", args.window), ("--accuracy-steps", args.accuracy_steps)):
+                        ("--window", args.window), ("--accuracy-steps", args.accuracy_steps),
+                        ("--accuracy-runs", args.accuracy_runs),
+                        ("--python-estimator", pythons["estimator"]),
+                        ("--python-keras", pythons["keras"])):
         if value is not None:
             argv += [flag, str(value)]
     if args.quick:
@@ -97,16 +168,27 @@ def _child_args(args, table, json_path, workdir):
     return argv
 
 
-def _run_child(args, table, workdir):
+def _python_for(table, pythons):
+    kind = TABLES[table][1]
+    return sys.executable if kind == "any" else pythons[kind]
+
+
+def _run_child(args, table, workdir, pythons):
+    python = _python_for(table, pythons)
+    if python is None:
+        return {"table": table, "error": f"no interpreter for the {TABLES[table][1]} "
+                                         f"environment: pass --python-{TABLES[table][1]}"}
     json_path = os.path.join(workdir, f"table-{table}.json")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if TABLES[table][1] == "keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
     timeout = CHILD_TIMEOUT.get(table, DEFAULT_CHILD_TIMEOUT)
     try:
         # subprocess.run kills the child (by its PID) when the timeout expires.
-        proc = subprocess.run(_child_args(args, table, json_path, workdir), env=env,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(_child_args(args, python, table, json_path, workdir, pythons),
+                              env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"table": table, "error": f"timed out after {timeout} s"}
     if proc.returncode != 0 or not os.path.exists(json_path):
@@ -116,12 +198,20 @@ def _run_child(args, table, workdir):
 
 
 def main(argv=None):
+    # Before anything imports TensorFlow: Keras 2 as tf.keras on TF 2.16+.
+    engines.prefer_legacy_keras()
     args = build_parser().parse_args(argv)
     tables = parse_tables(args.tables)
     own_workdir = args.workdir is None
     workdir = args.workdir or tempfile.mkdtemp(prefix="ek-bench-")
+    pythons = interpreters(args)
     settings = common.Settings(data_dir=args.data_dir, quick=args.quick, examples=args.examples,
-                               repeats=args.repeats, window_s=args.window, workdir=workdir)
+                               repeats=args.repeats, window_s=args.window, workdir=workdir,
+                               python_estimator=pythons["estimator"],
+                               python_keras=pythons["keras"],
+                               accuracy_runs=args.accuracy_runs.split(",")
+                               if args.accuracy_runs else None)
+    here = environment_of()
     extra = {"accuracy": {"steps": args.accuracy_steps}} if args.accuracy_steps else {}
     out = {"meta": {"command": "python -m benchmarks " + " ".join(
                         argv if argv is not None else sys.argv[1:]),
@@ -131,20 +221,27 @@ def main(argv=None):
     failed = False
     try:
         for table in tables:
-            if args.in_process or len(tables) == 1:
+            fits = TABLES[table][1] in ("any", here)
+            in_process = args.in_process or (len(tables) == 1 and fits)
+            if in_process:
                 result = run_table(table, settings, extra.get(table))
             else:
-                result = _run_child(args, table, workdir)
+                result = _run_child(args, table, workdir, pythons)
             out["tables"][table] = result
             failed = failed or "error" in result
             # A child prints its own table on the shared stdout.
-            if args.in_process or len(tables) == 1 or "error" in result:
+            if in_process or "error" in result:
                 print(common.format_table(result) if "rows" in result
                       else f"== {table}: {result.get('error')}", flush=True)
                 print(flush=True)
         out["meta"]["finished"] = common.now_iso()
         common.write_json(out, args.json)
         common.say(f"results written to {args.json}")
+        if not args.no_plots:
+            stem = os.path.splitext(os.path.basename(args.json))[0]
+            for path in plots.write_plots(out, os.path.dirname(os.path.abspath(args.json)),
+                                          prefix=f"{stem}-"):
+                common.say(f"plot written to {path}")
     finally:
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -43,6 +43,11 @@ class Settings:
       workdir: scratch folder for model dirs and written datasets.
       batch_size: examples per batch everywhere.
       seed: seeds shuffles and model initialization.
+      python_estimator: interpreter with TensorFlow 2.15 and tf.estimator, for
+        child processes that need it (None: this one).
+      python_keras: interpreter with TensorFlow 2.16+ and tf-keras, for the
+        keras table and the runs on that TensorFlow (None: none known).
+      accuracy_runs: the accuracy table's runs (None: its default list).
     """
 
     data_dir: str = "data"
@@ -53,6 +58,9 @@ class Settings:
     workdir: str = None
     batch_size: int = 128
     seed: int = 0
+    python_estimator: str = None
+    python_keras: str = None
+    accuracy_runs: list = None
 
     def __post_init__(self):
         if self.window_s is None:
@@ -128,8 +136,54 @@ def subset_dataset(path, n, out):
         splits[split] = {IMAGE: images, LABEL: labels}
     shards = {s: max(1, min(8, len(a[LABEL]))) for s, a in splits.items()}
     records.write_dataset(splits, out, num_shards=shards, shuffle=False, progress=False,
-                          name=f"{manifest.name or 'dataset'}-subset-{n}")
+                          name=f"{manifest.name or 'dataset'}-subset-{n}",
+                          labels=getattr(manifest, "labels", None))
     return out
+
+
+def experiments_data_dir(settings, path):
+    """A ``--data-dir`` for ``python -m experiments`` in which
+    ``fashion_mnist/`` is the dataset at ``path`` (a link when it has
+    another name)."""
+    if os.path.basename(os.path.normpath(path)) == DATASET_NAME:
+        return os.path.dirname(os.path.normpath(path))
+    folder = os.path.join(settings.workdir, "experiments-data")
+    os.makedirs(folder, exist_ok=True)
+    link = os.path.join(folder, DATASET_NAME)
+    if not os.path.exists(link):
+        os.symlink(os.path.abspath(path), link)
+    return folder
+
+
+def run_experiments(args, timeout, python=None):
+    """``python -m experiments ARGS`` from the checkout, in a fresh process
+    (killed at the timeout); returns (returncode, stdout, stderr, seconds)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE),
+                                                     env.get("PYTHONPATH")) if p)
+    env.pop("TF_CONFIG", None)
+    start = time.perf_counter()
+    proc = subprocess.run([python or sys.executable, "-m", "experiments", *map(str, args)],
+                          cwd=os.path.dirname(HERE), env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start
+
+
+AVERAGE_RE = r"trained to step (\d+): .*?([\d.]+) steps/s(?:, ([\d,]+) examples/s)? on average"
+
+
+def training_average(text):
+    """(step, steps/s, examples/s) from the last "trained to step N: ... on
+    average" progress line in ``text``, or None."""
+    import re  # pylint: disable=import-outside-toplevel
+
+    found = re.findall(AVERAGE_RE, text)
+    if not found:
+        return None
+    step, rate, examples = found[-1]
+    return int(step), float(rate), float(examples.replace(",", "")) if examples else None
 
 
 def dataset_info(path, split="train"):
@@ -341,8 +395,12 @@ def rows_from(variants, measurements, reference=None, unit=""):
     return rows
 
 
-def target(tid, description, value, threshold, op=">="):
-    """A target row: ``value op threshold`` -> met (None when unmeasured)."""
+def target(tid, description, value, threshold, op=">=", why=None):
+    """A target row: ``value op threshold`` -> met (None when unmeasured).
+
+    A missed or unmeasured target carries ``why``: the numbers (measured
+    value, the need, how far off), then ``why`` when given (the cause, or
+    what was measured beside it)."""
     checks = {">=": lambda v: v >= threshold, "<": lambda v: v < threshold,
               "<=": lambda v: v <= threshold}
     if op not in checks:
@@ -350,8 +408,24 @@ def target(tid, description, value, threshold, op=">="):
     met = None
     if value is not None and value == value:
         met = bool(checks[op](value))
-    return {"id": tid, "description": description, "value": value,
-            "threshold": threshold, "op": op, "met": met}
+    row = {"id": tid, "description": description, "value": value,
+           "threshold": threshold, "op": op, "met": met}
+    if met is None:
+        row["why"] = "not measured" + (f": {why}" if why else "")
+    elif not met:
+        word = "short" if op == ">=" else "over"
+        off = (f" ({abs(value - threshold) / abs(threshold):.1%} {word})" if threshold
+               else "")
+        row["why"] = (f"measured {fmt_value(value)}, needs {op} {fmt_value(threshold)}{off}"
+                      + (f"; {why}" if why else ""))
+    return row
+
+
+def fmt_value(value):
+    """A target's value: 3 significant digits below 100, thousands separators above."""
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
 def row_median(rows, name):
@@ -407,6 +481,18 @@ def machine_info():
         info["tensorflow_estimator"] = None
     info["loadavg"] = load_average()
     return info
+
+
+def rss_mb():
+    """This process's resident memory in MB (VmRSS), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
 
 
 def load_average():
@@ -485,7 +571,8 @@ def format_table(result):
         value = "-" if t["value"] is None else (f"{t['value']:.3f}" if abs(t["value"]) < 100
                                                 else f"{t['value']:,.0f}")
         lines.append(f"  target {t['id']}: {t['description']}: {value} "
-                     f"(need {t['op']} {t['threshold']}) {state}")
+                     f"(need {t['op']} {t['threshold']}) {state}"
+                     + (f": {t['why']}" if t.get("why") else ""))
     for note in result.get("notes", []):
         lines.append(f"  note: {note}")
     return "\n".join(lines)

@@ -22,18 +22,26 @@ Pipelines compared (batch 128, 60k Fashion-MNIST records of ~830 bytes):
 - ``queue_runners``: the seed answer's string_input_producer + TFRecordReader
   + shuffle_batch (32 threads), and the same with 2 threads;
 - ``feed_dict``: numpy batches fed to placeholders;
+- ``experiments default (cache=auto)``: what ``python -m experiments train``
+  reads: the same pipeline with ``cache="auto"``, which caches Fashion-MNIST;
+  timed after its first epoch (the cache fills before the first batch);
 - ``pkg ...``: this package's pipeline with one knob changed, to justify the
   defaults.
+
+Beside the rates, :mod:`benchmarks.cache_memory` measures the resident
+memory of a ``cache=True`` pipeline over 10 epochs in a fresh process.
 """
 
 import time
 
-from benchmarks import common, legacy
+from benchmarks import cache_memory, common, legacy
 from benchmarks.common import IMAGE, LABEL, Variant
 
 TABLE = "input"
 TITLE = "input pipelines alone, examples/s (batch 128)"
 SKIP_BATCHES = 20
+EXPERIMENTS_DEFAULT = "experiments default (cache=auto)"
+MEMORY_EPOCHS = 10
 
 # (name, overrides of InputConfig, why)
 KNOBS = [
@@ -47,8 +55,8 @@ KNOBS = [
      "classic per-record shuffle buffer"),
     ("pkg shuffle=none", {"shuffle": "none"}, "no shuffling at all"),
     ("pkg shuffle_buffer=16", {"shuffle_buffer": 16}, "batch shuffle buffer of 16 batches"),
-    ("pkg cache=True", {"cache": True}, "as shipped: the cache sits after the repeat, "
-     "so it caches an endless stream (memory grows ~200 MB/epoch) and never reads it back"),
+    ("pkg cache=True", {"cache": True}, "one epoch of uint8 batches in memory, "
+     "reshuffled every epoch; timed after the first epoch"),
     ("pkg cycle=2,block=128", {"cycle_length": 2, "block_length": 128}, "combination"),
 ]
 # make_dataset's structure rebuilt (custom_pipeline) for knobs InputConfig lacks.
@@ -152,14 +160,6 @@ def custom_pipeline(files, schema, batch_size, num_epochs=None, compression=None
     else:
         ds = ds.map(parse)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
-
-
-def cached_epoch_pipeline(path, batch_size, **overrides):
-    """make_dataset(cache=True) over ONE epoch, repeated outside: the cache
-    completes after the first pass and later passes read memory. (Inside
-    make_dataset the cache sits after the repeat, so with training=True it
-    caches an endless stream and never reads it back.)"""
-    return package_pipeline(path, batch_size, num_epochs=1, cache=True, **overrides).repeat()
 
 
 def with_options(dataset, settings):
@@ -349,6 +349,10 @@ def variants(path, settings, knobs=True):
         TFDataVariant("default", lambda: package_pipeline(path, b), settings,
                       "make_dataset(training=True): interleave(cycle 4, block 16) -> batch "
                       "-> shuffle(64 batches) -> vectorized parse -> prefetch"),
+        TFDataVariant(EXPERIMENTS_DEFAULT, lambda: package_pipeline(path, b, cache="auto"),
+                      settings, "the same with cache=\"auto\" (the experiments' default): "
+                      "one epoch parsed and cached (uint8) before the first batch, then "
+                      "batches from memory in a new order each epoch, cast to float32"),
         TFDataVariant("raw_read", lambda: raw_read_pipeline(files, b, compression=compression),
                       settings, "TFRecordDataset(files).repeat().batch(128), no parsing"),
         TFDataVariant("raw_read + parse",
@@ -376,12 +380,6 @@ def variants(path, settings, knobs=True):
                 name, lambda o=overrides: package_pipeline(path, b, **o), settings,
                 f"default with {', '.join(f'{k}={v}' for k, v in overrides.items())}"
                 f"{'; ' + why if why else ''}", group="knob"))
-        out.append(TFDataVariant(
-            "pkg cache, 1 epoch + repeat", lambda: cached_epoch_pipeline(path, b), settings,
-            "make_dataset(num_epochs=1, cache=True).repeat(): timed after the first "
-            "epoch, i.e. reading the in-memory cache", group="knob",
-            skip=-(-resolved.num_examples // b) + SKIP_BATCHES if resolved.num_examples
-            else SKIP_BATCHES))
         for name, kwargs, why in CUSTOM:
             out.append(TFDataVariant(
                 name, lambda k=kwargs: custom_pipeline(files, schema, b,
@@ -426,10 +424,17 @@ def run(settings, path=None, knobs=True):
                       default_over("per_record_parse"), 8.0),
         common.target("input.vs_per_record_3", "default / per-record parsing (issue 2)",
                       default_over("per_record_parse"), 3.0),
+        common.target("input.cached_vs_raw", "experiments' default pipeline (cache=auto) "
+                      "after its first epoch / raw sequential read",
+                      common.local_ratio(m.log, EXPERIMENTS_DEFAULT, "raw_read"), 2.0,
+                      why="the experiments' default did not cache: see its log line"
+                      if common.row_median(rows, EXPERIMENTS_DEFAULT) is None else None),
     ]
+    memory = memory_rows(path, settings)
+    targets.append(memory_target(memory))
     return {"table": TABLE, "title": TITLE, "unit": "examples/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "startup_ms"],
-            "targets": targets, "dataset": path,
+            "targets": targets, "dataset": path, "memory": memory,
             "num_examples": common.dataset_info(path).num_examples,
             "load_before": load_start, "load_after": common.load_average(),
             "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
@@ -438,3 +443,31 @@ def run(settings, path=None, knobs=True):
                       "ratio_best = best window / best `default` window",
                       "startup_ms = time from starting a pass to its first batch (excluded "
                       "from the rate)"]}
+
+
+def memory_rows(path, settings):
+    """RSS per epoch of a cache=True pipeline and of the uncached default,
+    each in a fresh process; with the manifest's estimate of the cache."""
+    from estimator_keras import inputs  # pylint: disable=import-outside-toplevel
+
+    epochs = 4 if settings.quick else MEMORY_EPOCHS
+    resolved = common.dataset_info(path, "train")
+    estimate = resolved.num_examples * inputs.example_bytes(resolved.schema, [IMAGE, LABEL])
+    out = []
+    for name, overrides in (("cache=True", {"cache": True}), ("no cache", {})):
+        try:
+            result = cache_memory.measure(path, epochs, settings.batch_size, overrides)
+        except Exception as e:  # pylint: disable=broad-except
+            result = {"error": f"{type(e).__name__}: {e}"[:500]}
+        result.update(name=name, cache_estimate_mb=estimate / 2.0 ** 20)
+        common.say(f"[{TABLE}] memory {name}: {result.get('rss_mb') or result.get('error')}")
+        out.append(result)
+    return out
+
+
+def memory_target(memory):
+    cached = memory[0]
+    return common.target(
+        "input.cache_rss", f"cache=True: RSS growth from epoch 2 to epoch "
+        f"{cached.get('epochs', MEMORY_EPOCHS)} (fraction)", cached.get("growth"), 0.05, op="<",
+        why=cached.get("error") or f"RSS per epoch (MB): {cached.get('rss_mb')}")

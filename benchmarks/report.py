@@ -3,14 +3,19 @@
 Example::
 
     python -m benchmarks.report benchmarks/results/latest.json > tables.md
+
+Prints every target at a glance (met or not, and why), then each table:
+its rows, its targets, and the extra tables some carry (the input table's
+memory per epoch, the accuracy table's knobs).
 """
 
 import json
 import sys
 
-from benchmarks.common import fmt
+from benchmarks.common import fmt, fmt_value
 
 RATIO_COLUMNS = ("ratio", "ratio_best")
+STATE = {True: "**met**", False: "**not met**", None: "n/a"}
 
 
 def _cell(column, value):
@@ -21,29 +26,55 @@ def _cell(column, value):
     return fmt(value) if isinstance(value, float) or value is None else str(value)
 
 
-def table_markdown(result):
-    """One table result as Markdown: the rows, then the targets."""
-    lines = []
-    unit = result.get("unit", "")
-    columns = result.get("columns") or ["name", "median", "min", "max", "ratio"]
+def rows_markdown(rows, columns, unit=""):
     header = [f"median {unit}".strip() if c == "median" else c for c in columns]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join(" --- " for _ in columns) + "|")
-    for row in result.get("rows", []):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
+    for row in rows:
         cells = [_cell(c, row.get(c)) for c in columns]
         if row.get("error"):
             cells[-1] += f" (error: {row['error'][:60]})"
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def targets_markdown(targets, table=None):
+    lines = ["| " + ("table | " if table else "") + "target | value | need | met | why |",
+             "| " + ("--- | " if table else "") + "--- | --- | --- | --- | --- |"]
+    for t in targets:
+        lines.append("| " + (f"{table} | " if table else "") +
+                     f"{t['description']} | {fmt_value(t['value'])} | {t['op']} {t['threshold']} "
+                     f"| {STATE[t['met']]} | {t.get('why', '')} |")
+    return lines
+
+
+def table_markdown(result):
+    """One table result as Markdown: the rows, the targets, the extras."""
+    columns = result.get("columns") or ["name", "median", "min", "max", "ratio"]
+    lines = rows_markdown(result.get("rows", []), columns, result.get("unit", ""))
+    if result.get("knobs"):
+        lines += ["", "Knobs (examples/s; ratio to the first row of each group):", ""]
+        lines += rows_markdown(result["knobs"], ["name", "median", "min", "max", "ratio",
+                                                 "batch_size"], "examples/s")
+    if result.get("memory"):
+        lines += ["", "Resident memory per epoch, fresh process each (MB):", ""]
+        lines += ["| pipeline | RSS before, then after each epoch | growth 2->last | "
+                  "epoch 1 - before | cache estimate |", "| --- | --- | --- | --- | --- |"]
+        for m in result["memory"]:
+            rss = ", ".join(f"{v:.0f}" for v in m.get("rss_mb") or [])
+            lines.append(f"| {m['name']} | {rss or m.get('error', '')} | "
+                         f"{fmt_value(m.get('growth'))} | {fmt(m.get('cache_mb'))} | "
+                         f"{fmt(m.get('cache_estimate_mb'))} |")
     if result.get("targets"):
-        lines.append("")
-        lines.append("| target | value | need | met |")
-        lines.append("| --- | --- | --- | --- |")
-        for t in result["targets"]:
-            state = {True: "**met**", False: "**not met**", None: "n/a"}[t["met"]]
-            value = "-" if t["value"] is None else (
-                f"{t['value']:,.0f}" if abs(t["value"]) >= 1000 else f"{t['value']:.3f}")
-            lines.append(f"| {t['description']} | {value} | {t['op']} {t['threshold']} "
-                         f"| {state} |")
+        lines += [""] + targets_markdown(result["targets"])
+    return "\n".join(lines)
+
+
+def glance_markdown(results):
+    """Every target of every table in one table."""
+    lines = []
+    for name, result in results["tables"].items():
+        part = targets_markdown(result.get("targets", []), table=name)
+        lines += part if not lines else part[2:]
     return "\n".join(lines)
 
 
@@ -54,6 +85,9 @@ def main(argv=None):
         return 2
     with open(argv[0]) as f:
         results = json.load(f)
+    print("### Targets at a glance\n")
+    print(glance_markdown(results))
+    print()
     for name, result in results["tables"].items():
         print(f"### {name}: {result.get('title', '')}\n")
         if "rows" in result:

@@ -23,7 +23,7 @@ import importlib
 
 from estimator_keras.engines import prefer_legacy_keras
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 prefer_legacy_keras()
 

@@ -32,10 +32,14 @@ def latest_checkpoint(model_dir):
 
 
 def checkpoint_step(checkpoint):
-    """The training step stored in a checkpoint of either engine, or None."""
+    """The training step stored in a checkpoint of either engine (or of
+    Keras' BackupAndRestore, which nests the model one level deeper), or None."""
     reader = tf.train.load_checkpoint(checkpoint)
     for key in _STEP_KEYS:
         if reader.has_tensor(key):
+            return int(reader.get_tensor(key))
+    for key in reader.get_variable_to_shape_map():
+        if key.endswith(tuple("/" + k for k in _STEP_KEYS[2:])):
             return int(reader.get_tensor(key))
     return None
 
@@ -67,7 +71,9 @@ def _model_checkpoint_keys(model):
         prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp, "probe"))
         reader = tf.train.load_checkpoint(prefix)
         for key, shape in reader.get_variable_to_shape_map().items():
-            if key.startswith("model/") and "OPTIMIZER_SLOT" not in key:
+            # The weights only: a compiled model also carries its optimizer.
+            if (key.startswith("model/") and "OPTIMIZER_SLOT" not in key
+                    and not key.startswith("model/optimizer/")):
                 keys[key[len("model/"):]] = tuple(shape)
     return keys
 
@@ -84,14 +90,20 @@ def check_compatible(model, checkpoint):
     missing = sorted(k for k in wanted if k not in have)
     mismatched = sorted(f"{k}: model {wanted[k]}, checkpoint {have[k]}"
                         for k in wanted if k in have and have[k] != wanted[k])
-    if missing or mismatched:
+    # Layer weights the checkpoint holds and the model does not.
+    unexpected = sorted(k for k in have if k.startswith("layer") and k not in wanted
+                        and "OPTIMIZER_SLOT" not in k and k.endswith("VARIABLE_VALUE"))
+    if missing or mismatched or unexpected:
         lines = [f"checkpoint {checkpoint} does not fit this model's architecture "
                  f"(a model dir of another model?); refusing to restore it."]
         if mismatched:
             lines.append("shape mismatches: " + "; ".join(mismatched[:10]))
-        if missing:
-            lines.append("missing from the checkpoint: " + ", ".join(
-                k.split("/.ATTRIBUTES")[0] for k in missing[:10]))
+        for label, keys in (("missing from the checkpoint", missing),
+                            ("in the checkpoint but not in the model", unexpected)):
+            if keys:
+                lines.append(f"{label}: " + ", ".join(
+                    k.split("/.ATTRIBUTES")[0] for k in keys[:10])
+                    + (f" (and {len(keys) - 10} more)" if len(keys) > 10 else "") + ".")
         lines.append("Use a fresh --model-dir for a different model.")
         raise ModelDirError(" ".join(lines))
 

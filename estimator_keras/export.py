@@ -44,14 +44,24 @@ BEST_DIR = "best"
 EXPORT_INFO = "export.json"
 
 
-def serving_functions(model, schema=None, features=None):
-    """The two SavedModel signatures: raw inputs, and serialized Examples."""
+def serving_functions(model, schema=None, features=None, class_names=None):
+    """The two SavedModel signatures: raw inputs, and serialized Examples.
+    With ``class_names``, a classifier's signatures also return
+    ``class_name``, the name of the most probable class."""
     specs = {name: tf.TensorSpec(shape=t.shape, dtype=t.dtype, name=name)
              for name, t in zip(model.input_names, model.inputs)}
+    names = _class_names_for(model, class_names)
+
+    def outputs(inputs):
+        result = _outputs_dict(model, model(inputs, training=False))
+        if names is not None:
+            probabilities = result[model.output_names[0]]
+            result["class_name"] = tf.gather(names, tf.argmax(probabilities, axis=-1))
+        return result
 
     @tf.function(input_signature=[specs])
     def serve_raw(inputs):
-        return _outputs_dict(model, model(inputs, training=False))
+        return outputs(inputs)
 
     signatures = {"serving_default": serve_raw}
     if schema is not None:
@@ -62,11 +72,21 @@ def serving_functions(model, schema=None, features=None):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
         def serve_examples(examples):
             inputs = parse(examples)
-            inputs = {k: tf.cast(v, specs[k].dtype) for k, v in inputs.items()}
-            return _outputs_dict(model, model(inputs, training=False))
+            return outputs({k: tf.cast(v, specs[k].dtype) for k, v in inputs.items()})
 
         signatures["serve_examples"] = serve_examples
     return signatures
+
+
+def _class_names_for(model, class_names):
+    """The names as a string tensor when the model is a classifier over
+    exactly those classes (one output of shape (batch, classes)), else None."""
+    if not class_names or len(model.outputs) != 1:
+        return None
+    shape = model.outputs[0].shape
+    if shape.rank != 2 or shape[-1] != len(class_names):
+        return None
+    return tf.constant([str(n) for n in class_names])
 
 
 def _outputs_dict(model, outputs):
@@ -76,7 +96,7 @@ def _outputs_dict(model, outputs):
 
 
 def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, features=None,
-                 export_dir=None, metadata=None):
+                 export_dir=None, metadata=None, class_names=None, flat=False):
     """Writes ``model.h5``, ``weights.h5``, ``saved_model/`` and ``export.json``.
 
     Args:
@@ -88,6 +108,11 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
         for the ``serve_examples`` signature (omitted when schema is None).
       export_dir: default ``MODEL_DIR/export``.
       metadata: extra JSON-able facts for ``export.json`` (metrics, name).
+      class_names: the label's class names in class-id order: listed in
+        ``export.json``, and a classifier's signatures return ``class_name``.
+      flat: the SavedModel at the root of ``export_dir`` (``saved_model.pb``,
+        ``variables/``) instead of in ``saved_model/``: the layout Vertex AI's
+        Model Registry imports from ``AIP_MODEL_DIR``.
 
     Returns:
       The export directory.
@@ -113,16 +138,19 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
             io.rmtree(io.join(parent, stale))
     staging = io.new_dir(tempfile.gettempdir() if remote else parent, prefix)
     try:
+        # The SavedModel first: saving it flat wants the folder to itself.
+        tf.saved_model.save(model, staging if flat else os.path.join(staging, "saved_model"),
+                            signatures=serving_functions(model, schema, features, class_names))
         model.save(os.path.join(staging, "model.h5"), save_format="h5",
                    include_optimizer=False)
         model.save_weights(os.path.join(staging, "weights.h5"))
-        tf.saved_model.save(model, os.path.join(staging, "saved_model"),
-                            signatures=serving_functions(model, schema, features))
         info = {"checkpoint": checkpoint, "global_step": step,
                 "inputs": {n: {"shape": list(t.shape)[1:], "dtype": t.dtype.name}
                            for n, t in zip(model.input_names, model.inputs)},
                 "outputs": list(model.output_names),
                 "features": features, **(metadata or {})}
+        if class_names:
+            info["class_names"] = [str(n) for n in class_names]
         io.atomic_write(os.path.join(staging, EXPORT_INFO),
                         json.dumps(info, indent=2, default=str))
         if remote:
@@ -133,7 +161,6 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
             io.swap_in(staging, export_dir)
     finally:
         io.rmtree(staging)
-    logger.info("exported step %s of %s to %s", step, checkpoint, export_dir)
     return export_dir
 
 
@@ -148,7 +175,8 @@ def recover_export(export_dir):
 
 
 def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
-                   higher_is_better=True, *, schema=None, features=None, log=None):
+                   higher_is_better=True, *, schema=None, features=None, log=None,
+                   class_names=None):
     """Exports ``checkpoint`` to ``MODEL_DIR/best`` when its ``metric`` beats
     the one recorded there; returns the export dir, or None when not better.
 
@@ -168,7 +196,7 @@ def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
         return None
     _in_eager_thread(
         export_model, model_builder, model_dir, checkpoint=checkpoint, schema=schema,
-        features=features, export_dir=target, metadata={
+        features=features, export_dir=target, class_names=class_names, metadata={
             "metrics": {k: float(v) for k, v in metrics.items()}, "best_metric": metric})
     (log or logger.info)(f"new best {metric} {value:.4f}: exported {target}")
     return target
@@ -194,11 +222,21 @@ def _in_eager_thread(fn, *args, **kwargs):
     return outcome.get("value")
 
 
-def _recorded_metric(export_dir, metric):
-    path = io.join(export_dir, EXPORT_INFO)
+def read_export_info(export_dir):
+    """The export.json of an export as a dict, or None when there is none
+    (or it is unreadable: then the export counts as missing)."""
+    path = io.join(str(export_dir), EXPORT_INFO)
     if not io.exists(path):
         return None
     try:
-        return float(json.loads(io.read_text(path))["metrics"][metric])
-    except (ValueError, KeyError, TypeError):
+        info = json.loads(io.read_text(path))
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _recorded_metric(export_dir, metric):
+    try:
+        return float(read_export_info(export_dir)["metrics"][metric])
+    except (KeyError, TypeError, ValueError):
         return None

@@ -20,16 +20,25 @@ Example::
 
 import dataclasses
 import logging
+import math
+import os
 
+import numpy as np
 import tensorflow as tf
 
-from estimator_keras import records
+from estimator_keras import io, records
 from estimator_keras.errors import SchemaError, UsageError
+from estimator_keras.manifest import SHARD_RE
 from estimator_keras.schema import IMAGE_ENCODINGS
 
 logger = logging.getLogger(__name__)
 
 SHUFFLE_MODES = ("batch", "record", "none")
+CACHE_MODES = (False, True, "auto")
+# cache="auto" without cache_budget_mb: this share of the available memory.
+AUTO_CACHE_SHARE = 0.25
+# Where no operating-system figure is readable.
+FALLBACK_AVAILABLE_MB = 2048
 
 
 @dataclasses.dataclass
@@ -55,8 +64,18 @@ class InputConfig:
       parallel_reads: read the interleaved files on parallel threads (pays
         off on remote storage; on local disk with 2 cores it costs more than
         it brings).
-      cache: keep parsed batches in memory after the first epoch (datasets
-        that fit in memory only).
+      cache: False (default), True or "auto". True keeps one epoch of parsed
+        batches in memory, in the records' own dtypes (uint8 images stay
+        uint8; the float32 cast and ``scale`` come after the cache), and
+        serves every later epoch from it; in training the cached batches are
+        shuffled over the whole epoch, a new order each epoch, so the first
+        batch comes once the first epoch is read. Memory grows during the
+        first epoch only. "auto" caches when that epoch's size in memory,
+        computed from the manifest, fits ``cache_budget_mb``, and logs the
+        decision with its reason. Each input pipeline caches only its own
+        share of the files.
+      cache_budget_mb: the budget of cache="auto", in MB per pipeline; None:
+        a quarter of the memory available when the pipeline is built.
       skip_corrupt: drop records that fail to read (CRC mismatch, truncation)
         instead of failing; a batch holding a record that reads but does not
         parse to the schema is dropped whole (parsing is one op per batch).
@@ -71,7 +90,8 @@ class InputConfig:
     cycle_length: int = 4
     block_length: int = 16
     parallel_reads: bool = False
-    cache: bool = False
+    cache: object = False
+    cache_budget_mb: float = None
     skip_corrupt: bool = False
     seed: int = None
 
@@ -83,6 +103,15 @@ class InputConfig:
             if int(getattr(self, name)) < 1:
                 raise UsageError(f"{name} must be a positive integer; given "
                                  f"{getattr(self, name)!r}.")
+        if self.cache != "auto":
+            if self.cache not in (True, False):
+                raise UsageError(f"cache must be True, False or \"auto\"; given "
+                                 f"{self.cache!r}.")
+            self.cache = bool(self.cache)
+        if self.cache_budget_mb is not None and not float(self.cache_budget_mb) > 0:
+            raise UsageError(f"cache_budget_mb must be a positive number of MB (or None "
+                             f"for a quarter of the available memory); given "
+                             f"{self.cache_budget_mb!r}.")
 
 
 def feature_map(schema, features=None, label="label"):
@@ -121,9 +150,12 @@ def check_feature_keys(model, feature_keys):
             f"feature}}).")
 
 
-def parse_examples_fn(schema, mapping, label=None, scale=None):
+def parse_examples_fn(schema, mapping, label=None, scale=None, cast=True):
     """A function: batch of serialized Examples -> features dict keyed by
-    model input name, or ``(features, labels)`` when ``label`` is given."""
+    model input name, or ``(features, labels)`` when ``label`` is given.
+
+    Numeric inputs come as float32 times ``scale``; with ``cast=False`` they
+    keep the records' dtypes (see :func:`cast_inputs_fn`)."""
     needed = set(mapping.values()) | ({label} if label else set())
     spec = {}
     for name in needed:
@@ -153,19 +185,164 @@ def parse_examples_fn(schema, mapping, label=None, scale=None):
 
     def parse(serialized):
         parsed = tf.io.parse_example(serialized, spec)
-        inputs = {}
-        for input_name, feature_name in mapping.items():
-            value = decode(feature_name, parsed[feature_name])
-            if value.dtype != tf.string:
-                value = tf.cast(value, tf.float32)
-                if scale is not None:
-                    value = value * scale
-            inputs[input_name] = value
+        inputs = {name: decode(feature, parsed[feature]) for name, feature in mapping.items()}
+        if cast:
+            inputs = _cast_inputs(inputs, scale)
         if label is None:
             return inputs
         return inputs, decode(label, parsed[label])
 
     return parse
+
+
+def _cast_inputs(inputs, scale):
+    out = {}
+    for name, value in inputs.items():
+        if value.dtype != tf.string:
+            value = tf.cast(value, tf.float32)
+            if scale is not None:
+                value = value * scale
+        out[name] = value
+    return out
+
+
+def cast_inputs_fn(scale=None, label=True):
+    """A function over ``parse_examples_fn(..., cast=False)``'s batches that
+    casts numeric inputs to float32 and applies ``scale``, as ``cast=True``
+    would have; labels pass through."""
+    if not label:
+        return lambda inputs: _cast_inputs(inputs, scale)
+    return lambda inputs, labels: (_cast_inputs(inputs, scale), labels)
+
+
+# --------------------------------------------------------------------------- cache sizing
+
+def example_bytes(schema, names, record_bytes=None):
+    """Bytes that one example's ``names`` features take in memory once parsed
+    and decoded, before any float32 cast (what the cache holds). Opaque
+    ``bytes`` features count as ``record_bytes`` each (the serialized
+    record's size: a bound), or 0 when unknown."""
+    total = 0
+    for name in names:
+        f = schema[name]
+        if f.encoding == "bytes":
+            total += int(record_bytes or 0)
+        elif f.encoding == "float":
+            total += 4 * f.size
+        elif f.encoding in IMAGE_ENCODINGS:
+            total += f.size
+        else:
+            total += np.dtype(f.dtype).itemsize * f.size
+    return total
+
+
+def _meminfo_mb(field):
+    try:
+        for line in io.read_text("/proc/meminfo").splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room_mb():
+    """Memory left under this process's cgroup limit (containers), or None."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            text = io.read_text(limit).strip()
+            if text == "max" or int(text) >= 1 << 60:
+                return None
+            return (int(text) - int(io.read_text(usage).strip())) / 2.0 ** 20
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def available_memory_mb():
+    """``(MB, where the figure comes from)``: MemAvailable from /proc/meminfo,
+    lowered to the room left under a cgroup limit; elsewhere the operating
+    system's free pages, else half its physical memory, else a fixed guess."""
+    found, source = _meminfo_mb("MemAvailable"), "MemAvailable"
+    room = _cgroup_room_mb()
+    if room is not None and (found is None or room < found):
+        found, source = room, "cgroup limit"
+    if found is None:
+        try:
+            found = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 20
+            source = "free physical pages"
+        except (AttributeError, ValueError, OSError):
+            try:
+                found = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 21
+                source = "half the physical memory"
+            except (AttributeError, ValueError, OSError):
+                found, source = FALLBACK_AVAILABLE_MB, "no memory figure readable: a guess"
+    return max(0.0, found), source
+
+
+def _split_of(resolved):
+    """The split a manifest's shard names say these files hold, or None."""
+    match = SHARD_RE.match(io.basename(resolved.files[0])) if resolved.files else None
+    return match.group("split") if match else None
+
+
+def _describe(resolved):
+    where = io.parent(resolved.files[0]) if resolved.files else "?"
+    split = _split_of(resolved)
+    return f"split {split!r} of {where}" if split else f"{len(resolved.files)} file(s) in {where}"
+
+
+def _record_bytes(resolved):
+    """Mean serialized size of a record, from the manifest, or None."""
+    split = _split_of(resolved)
+    if resolved.manifest is None or split not in resolved.manifest.splits:
+        return None
+    return sum(s.num_bytes for s in resolved.manifest.splits[split].shards) / resolved.num_examples
+
+
+def cache_decision(config, resolved, names, num_shards=1):
+    """``(cache?, reason)`` for ``config.cache`` over ``resolved``'s records,
+    ``names`` being the features a pipeline keeps and ``num_shards`` the
+    number of pipelines sharing the files. The reason is one line."""
+    if config.cache != "auto":
+        return config.cache, f"cache={config.cache}"
+    what = _describe(resolved)
+    if num_shards > 1:
+        what += f", share 1/{num_shards}"
+    if not resolved.num_examples:
+        return False, (f"cache=auto: not caching {what}: its size is unknown (no manifest "
+                       f"with example counts)")
+    per_example = example_bytes(resolved.schema, names, _record_bytes(resolved))
+    examples = math.ceil(resolved.num_examples / num_shards)
+    need_mb = examples * per_example / 2.0 ** 20
+    if config.cache_budget_mb is not None:
+        budget_mb = float(config.cache_budget_mb)
+        source = f"{_mb(budget_mb)} MB (cache_budget_mb)"
+    else:
+        available, where = available_memory_mb()
+        budget_mb = AUTO_CACHE_SHARE * available
+        source = f"{_mb(budget_mb)} MB = a quarter of the {_mb(available)} MB available ({where})"
+    fits = need_mb <= budget_mb
+    return fits, (f"cache=auto: {'caching' if fits else 'not caching'} {what}: "
+                  f"{_mb(need_mb)} MB in memory ({examples:,} examples x {per_example:,} "
+                  f"bytes) {'fits' if fits else 'exceeds'} the budget of {source}")
+
+
+def _mb(value):
+    return f"{value:,.1f}" if value >= 1 else f"{value:.2g}"
+
+
+_logged = set()
+
+
+def _log_once(key, message):
+    # An Estimator calls its input_fn again for every evaluation, and the
+    # memory available (so the message) changes a little each time.
+    if key not in _logged:
+        _logged.add(key)
+        logger.info("%s", message)
 
 
 def make_dataset(data, batch_size, *, training, split=None, config=None,
@@ -219,10 +396,15 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
             logger.warning("%d file(s) for %d input pipelines: sharding by record; "
                            "write more shards for faster reading", len(files), num_shards)
             shard_records = True
+    label_names = [config.label] if config.label else []
+    cache, reason = cache_decision(config, resolved, set(mapping.values()) | set(label_names),
+                                   num_shards)
+    if config.cache == "auto":
+        _log_once((tuple(files), num_shards, index, cache, config.cache_budget_mb), reason)
     if training and config.shuffle != "none":
         dataset = dataset.shuffle(len(files), seed=config.seed,
                                   reshuffle_each_iteration=True)
-    if training:
+    if training and not cache:
         dataset = dataset.repeat(num_epochs)
 
     def read(path):
@@ -252,20 +434,38 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed,
                                   reshuffle_each_iteration=True)
     dataset = dataset.batch(int(batch_size), drop_remainder=False)
-    if training and config.shuffle == "batch" and not config.cache:
+    if training and config.shuffle == "batch" and not cache:
         dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed,
                                   reshuffle_each_iteration=True)
-    dataset = dataset.map(parse_examples_fn(resolved.schema, mapping, config.label, config.scale),
+    dataset = dataset.map(parse_examples_fn(resolved.schema, mapping, config.label,
+                                            config.scale, cast=not cache),
                           num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=ordered)
     if config.skip_corrupt:
         dataset = dataset.apply(tf.data.experimental.ignore_errors(log_warning=True))
-    if config.cache:
+    if cache:
+        # One epoch of batches in the records' dtypes; every epoch after the
+        # first reads memory. Shuffling the cached batches (references, not
+        # copies) over a whole epoch gives each epoch a new order.
         dataset = dataset.cache()
-        if training and config.shuffle == "batch":
-            dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed,
-                                      reshuffle_each_iteration=True)
+        if training and config.shuffle != "none":
+            dataset = dataset.shuffle(_epoch_batches(config, resolved, batch_size, num_shards),
+                                      seed=config.seed, reshuffle_each_iteration=True)
+        if training:
+            dataset = dataset.repeat(num_epochs)
+        dataset = dataset.map(cast_inputs_fn(config.scale, bool(config.label)),
+                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _epoch_batches(config, resolved, batch_size, num_shards):
+    """Shuffle buffer over cached batches: a pipeline's whole epoch when the
+    manifest counts it, else the configured buffer in batches."""
+    if resolved.num_examples:
+        return math.ceil(resolved.num_examples / num_shards / int(batch_size)) + len(resolved.files)
+    if config.shuffle == "record":
+        return max(1, config.shuffle_buffer // int(batch_size))
+    return config.shuffle_buffer
 
 
 def make_input_fn(data, batch_size, *, training, split=None, config=None,

@@ -20,13 +20,15 @@ import re
 
 from estimator_keras import io
 from estimator_keras import schema as schema_lib
-from estimator_keras.errors import DataError, UsageError
+from estimator_keras.errors import DataError, SchemaError, UsageError
 
 MANIFEST_NAME = "dataset.json"
 FORMAT = "estimator-keras/dataset/v1"
 INCOMPLETE_DIR = ".incomplete"
+SPLIT_RE = re.compile(r"^[A-Za-z0-9_.]+\Z")
+"""A split name: letters, digits, '_' and '.'."""
 SHARD_RE = re.compile(r"^(?P<split>[A-Za-z0-9_.]+)-(?P<index>\d{5})-of-(?P<total>\d{5})"
-                      r"\.tfrecord(?P<gz>\.gz)?$")
+                      r"\.tfrecord(?P<gz>\.gz)?\Z")
 """A shard file name; groups ``split``, ``index``, ``total`` and ``gz``."""
 
 
@@ -87,6 +89,8 @@ class Manifest:
       compression: None or "GZIP", for every shard.
       name: dataset name, e.g. "fashion_mnist".
       created: free-form provenance: source, seed, time, package version.
+      labels: None, or label feature -> ``{"num_classes": int, "class_names":
+        [str, ...] or None}`` (see :func:`check_labels`).
     """
 
     directory: str
@@ -95,10 +99,18 @@ class Manifest:
     compression: str = None
     name: str = ""
     created: dict = dataclasses.field(default_factory=dict)
+    labels: dict = None
 
     def files(self, split):
-        """Full paths of a split's shards, in shard order."""
-        return [io.join(self.directory, s.file) for s in self.split(split).shards]
+        """Full paths of a split's shards, in shard order; a name that would
+        leave the dataset directory is refused (DataError)."""
+        paths = []
+        for shard in self.split(split).shards:
+            try:
+                paths.append(io.child(self.directory, shard.file, "shard file name"))
+            except ValueError as e:
+                raise DataError(f"{manifest_path(self.directory)}: {e}") from e
+        return paths
 
     def split(self, split):
         if split not in self.splits:
@@ -118,6 +130,7 @@ class Manifest:
                        "shards": [dataclasses.asdict(s) for s in split.shards]}
                 for name, split in self.splits.items()},
             "created": self.created,
+            **({"labels": self.labels} if self.labels is not None else {}),
         }
 
 
@@ -128,9 +141,15 @@ def manifest_path(directory):
 def load_manifest(directory):
     """Reads and validates ``DIR/dataset.json``.
 
+    Every field is checked before it is used: types, shapes (lists of
+    non-negative ints), split names, shard names (each must be a shard file
+    name of its own split, :data:`SHARD_RE`, so a manifest cannot point a
+    reader outside its directory), counts and the optional ``labels``.
+
     Raises:
       DataError: the manifest is missing (the dataset is incomplete), is not
-        JSON, or lacks keys; the message names the file and the keys.
+        JSON, or a field is missing or malformed; the message names the file
+        and the field.
     """
     directory = str(directory)
     path = manifest_path(directory)
@@ -138,7 +157,7 @@ def load_manifest(directory):
         raise DataError(_missing_manifest_message(directory))
     try:
         obj = json.loads(io.read_text(path))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise DataError(f"{path} is not valid JSON ({e}); rewrite the dataset "
                         f"with `python -m experiments prepare`.") from e
     expected = {"format", "schema", "splits"}
@@ -148,20 +167,160 @@ def load_manifest(directory):
         raise DataError(f"{path} is not a dataset manifest: expected keys "
                         f"{sorted(expected)}, given {given}, missing {missing}.")
     if obj["format"] != FORMAT:
-        raise DataError(f"{path} has format {obj['format']!r}; this version "
+        raise DataError(f"{path} has format {_shown(obj['format'])}; this version "
                         f"reads {FORMAT!r}.")
     try:
-        splits = {
-            name: Split([Shard(s["file"], int(s["num_examples"]), int(s["num_bytes"]))
-                         for s in split["shards"]])
-            for name, split in obj["splits"].items()}
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataError(f"{path}: malformed 'splits' entry ({e!r}); each shard "
-                        f"needs file, num_examples and num_bytes.") from e
-    return Manifest(directory=directory,
-                    schema=schema_lib.schema_from_json(obj["schema"]),
-                    splits=splits, compression=obj.get("compression"),
-                    name=obj.get("name", ""), created=obj.get("created", {}))
+        schema = _schema_field(obj["schema"])
+        compression = obj.get("compression")
+        if compression not in (None, "GZIP"):
+            raise InvalidField("compression", "null or \"GZIP\"", compression)
+        splits = _splits_field(obj["splits"], compression)
+        name = obj.get("name", "")
+        if not isinstance(name, str):
+            raise InvalidField("name", "a string", name)
+        created = obj.get("created", {})
+        if not isinstance(created, dict):
+            raise InvalidField("created", "an object", created)
+        labels = check_labels(obj.get("labels"), schema)
+    except InvalidField as e:
+        raise DataError(f"{path}: {e}") from None
+    return Manifest(directory=directory, schema=schema, splits=splits,
+                    compression=compression, name=name, created=created, labels=labels)
+
+
+class InvalidField(ValueError):
+    """A manifest field that is missing or malformed (turned into a DataError
+    naming the file by :func:`load_manifest`)."""
+
+    def __init__(self, field, expected, found=None, detail=""):
+        self.field = field
+        if expected:
+            text = f"field {field!r} must be {expected}; " + (detail or f"found {_shown(found)}")
+        else:
+            text = f"field {field!r} is invalid: {detail}"
+        super().__init__(text.rstrip(".") + ".")
+
+
+def _shown(value, limit=80):
+    text = json.dumps(value) if _jsonable(value) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
+def _count(value):
+    # bool is an int to Python, never a count.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+MAX_DIM = 2 ** 31 - 1
+
+
+def _schema_field(obj):
+    if not isinstance(obj, dict) or not obj:
+        raise InvalidField("schema", "a non-empty object of feature name -> spec", obj)
+    for feature, spec in obj.items():
+        where = f"schema.{feature}"
+        if not isinstance(spec, dict):
+            raise InvalidField(where, "an object with dtype, shape and encoding", spec)
+        for key in ("dtype", "encoding"):
+            if not isinstance(spec.get(key), str):
+                raise InvalidField(f"{where}.{key}", "a string", spec.get(key))
+        shape = spec.get("shape")
+        if not isinstance(shape, list) or not all(_count(d) and d <= MAX_DIM for d in shape):
+            raise InvalidField(f"{where}.shape", f"a list of ints from 0 to {MAX_DIM}", shape)
+    schema = {}
+    for feature, spec in obj.items():
+        try:
+            schema[feature] = schema_lib.FeatureSpec.from_json(feature, spec)
+        except SchemaError as e:
+            raise InvalidField(f"schema.{feature}", "", detail=str(e)) from None
+    return schema
+
+
+def _splits_field(obj, compression):
+    if not isinstance(obj, dict):
+        raise InvalidField("splits", "an object of split name -> {shards: [...]}", obj)
+    splits, seen = {}, set()
+    for name, split in obj.items():
+        where = f"splits.{name}"
+        if not SPLIT_RE.match(name):
+            raise InvalidField(where, "named with letters, digits, '_' or '.'", None,
+                               detail=f"the split name {name!r} is not")
+        if not isinstance(split, dict) or not isinstance(split.get("shards"), list):
+            raise InvalidField(f"{where}.shards", "a list of shards",
+                               split.get("shards") if isinstance(split, dict) else split)
+        shards = []
+        for i, shard in enumerate(split["shards"]):
+            shards.append(_shard_field(f"{where}.shards[{i}]", name, shard, compression))
+            if shards[-1].file in seen:
+                raise InvalidField(f"{where}.shards[{i}].file", "listed once", None,
+                                   detail=f"{shards[-1].file!r} is listed twice")
+            seen.add(shards[-1].file)
+        splits[name] = Split(shards)
+        total = split.get("num_examples", splits[name].num_examples)
+        if not _count(total) or total != splits[name].num_examples:
+            raise InvalidField(f"{where}.num_examples",
+                               f"the sum of its shards' num_examples "
+                               f"({splits[name].num_examples})", total)
+    return splits
+
+
+def _shard_field(where, split, shard, compression):
+    if not isinstance(shard, dict):
+        raise InvalidField(where, "an object with file, num_examples and num_bytes", shard)
+    file = shard.get("file")
+    match = SHARD_RE.match(file) if isinstance(file, str) else None
+    if match is None or match.group("split") != split:
+        raise InvalidField(
+            f"{where}.file", f"a shard file name of split {split!r} in the dataset "
+            f"directory, like {shard_name(split, 0, 1, compression)!r}", file)
+    if bool(match.group("gz")) != (compression == "GZIP"):
+        raise InvalidField(f"{where}.file", f"named for the manifest's compression "
+                           f"({compression or 'none'})", file)
+    for key in ("num_examples", "num_bytes"):
+        if not _count(shard.get(key)):
+            raise InvalidField(f"{where}.{key}", "an int >= 0", shard.get(key))
+    return Shard(file, shard["num_examples"], shard["num_bytes"])
+
+
+def check_labels(labels, schema):
+    """Validates label metadata: None, or label feature (in ``schema``) ->
+    ``{"num_classes": int >= 1, "class_names": None or num_classes strings}``.
+
+    Returns ``labels`` in canonical form (``class_names`` present, a list or
+    None); raises :class:`InvalidField` naming the field.
+    """
+    if labels is None:
+        return None
+    if not isinstance(labels, dict):
+        raise InvalidField("labels", "an object of label feature -> "
+                           "{num_classes, class_names}", labels)
+    result = {}
+    for feature, info in labels.items():
+        where = f"labels.{feature}"
+        if feature not in schema:
+            raise InvalidField(where, f"a feature of the schema ({', '.join(schema)})", None,
+                               detail=f"{feature!r} is not one")
+        if not isinstance(info, dict):
+            raise InvalidField(where, "an object with num_classes and class_names", info)
+        num = info.get("num_classes")
+        if not _count(num) or num < 1:
+            raise InvalidField(f"{where}.num_classes", "an int >= 1", num)
+        names = info.get("class_names")
+        if names is not None and (not isinstance(names, (list, tuple)) or len(names) != num
+                                  or not all(isinstance(n, str) for n in names)):
+            raise InvalidField(f"{where}.class_names", f"null or a list of {num} strings",
+                               names)
+        result[feature] = {"num_classes": num,
+                           "class_names": None if names is None else list(names)}
+    return result
 
 
 def write_manifest(manifest):

@@ -34,8 +34,9 @@ from estimator_keras import io
 from estimator_keras import schema as schema_lib
 from estimator_keras.errors import CorruptRecordError, DataError, SchemaError, UsageError
 from estimator_keras.manifest import (
-    INCOMPLETE_DIR, MANIFEST_NAME, SHARD_RE, Manifest, Shard, Split, check_compression,
-    compression_of, load_manifest, manifest_path, shard_files_in, shard_name, write_manifest)
+    INCOMPLETE_DIR, MANIFEST_NAME, SHARD_RE, SPLIT_RE, InvalidField, Manifest, Shard, Split,
+    check_compression, check_labels, compression_of, load_manifest, manifest_path,
+    shard_files_in, shard_name, write_manifest)
 from estimator_keras.sources.base import ArraySource
 
 logger = logging.getLogger(__name__)
@@ -157,8 +158,16 @@ def default_num_shards(num_examples):
 
 
 def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed=0,
-                  shuffle=True, num_workers=1, progress=True, name="", created=None):
+                  shuffle=True, num_workers=1, progress=True, name="", created=None,
+                  labels=None):
     """Writes several splits to ``output_dir`` and then its manifest.
+
+    Splits that ``output_dir`` already holds and that are not written here
+    are kept, shards and manifest entries alike; they must share the new
+    splits' schema and compression. Every argument, and that agreement, is
+    checked before any file is removed, so a refused call loses nothing.
+    While the new splits are written the manifest lists only the kept ones:
+    a crash leaves those readable and the new ones absent.
 
     Args:
       splits: dict split name -> a dict of numpy arrays (first axis examples)
@@ -176,9 +185,20 @@ def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed
       progress: print progress lines on stderr.
       name: dataset name recorded in the manifest.
       created: extra provenance recorded in the manifest.
+      labels: label metadata for the manifest, ``{label_feature:
+        {"num_classes": N, "class_names": [...] or None}}``; None takes the
+        sources' ``labels`` attribute (every split's must agree) and, when
+        they have none, keeps the labels of the splits kept.
 
     Returns:
       The :class:`~estimator_keras.manifest.Manifest` written.
+
+    Raises:
+      UsageError: a bad argument (split name, num_shards, compression).
+      SchemaError: splits (new, or kept from the existing manifest) disagree
+        on the schema or the labels.
+      DataError: the existing manifest cannot be read, or the directory
+        cannot be created.
 
     Example::
 
@@ -186,41 +206,32 @@ def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed
                       num_shards={"train": 8, "test": 2}, compression="GZIP")
     """
     output_dir = str(output_dir).rstrip("/")
-    compression = check_compression(compression)
-    if not splits:
-        raise UsageError("write_dataset needs at least one split.")
-    sources = {split: _as_source(data) for split, data in splits.items()}
-    schema = None
-    for split, source in sources.items():
-        if not re.match(r"^[A-Za-z0-9_.]+$", split):
-            raise UsageError(f"split name {split!r} must be letters, digits, '_' or '.'.")
-        if schema is None:
-            schema = dict(source.features)
-        elif dict(source.features) != schema:
-            raise SchemaError(f"split {split!r} has schema "
-                              f"{schema_lib.schema_to_json(source.features)}, other "
-                              f"splits {schema_lib.schema_to_json(schema)}.")
+    plan = _WritePlan(splits, output_dir, num_shards, compression, labels, num_workers)
+    compression, schema, sources = plan.compression, plan.schema, plan.sources
     try:
         io.makedirs(output_dir)
     except Exception as e:  # pylint: disable=broad-except
         raise DataError(f"cannot create dataset directory {output_dir}: {e}") from e
-    # An old manifest would vouch for shards we are about to replace.
-    io.remove(manifest_path(output_dir))
+    old = plan.old
+    if plan.kept:
+        # The kept splits stay readable while the others are rewritten.
+        write_manifest(Manifest(directory=output_dir, schema=schema, splits=plan.kept,
+                                compression=compression, name=old.name, created=old.created,
+                                labels=old.labels))
+    else:
+        # An old manifest would vouch for shards we are about to replace.
+        io.remove(manifest_path(output_dir))
     staging = io.join(output_dir, INCOMPLETE_DIR)
     io.rmtree(staging)
     io.makedirs(staging)
-    # The new manifest replaces the old one whole, so every old shard goes.
+    keep = {s.file for split in plan.kept.values() for s in split.shards}
     for stale in shard_files_in(output_dir):
-        io.remove(io.join(output_dir, stale))
+        if stale not in keep:
+            io.remove(io.join(output_dir, stale))
 
     written = {}
     for split, source in sources.items():
-        n = len(source)
-        shards = num_shards.get(split) if isinstance(num_shards, dict) else num_shards
-        shards = int(shards or default_num_shards(n))
-        if shards < 1 or (n and shards > n):
-            raise UsageError(f"split {split!r}: num_shards must be between 1 and the "
-                             f"number of examples ({n}); given {shards}.")
+        n, shards = len(source), plan.shards[split]
         order = (np.random.default_rng(seed).permutation(n) if shuffle
                  else np.arange(n))
         jobs = []
@@ -249,20 +260,137 @@ def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed
         logger.info("wrote %d examples of split %r in %d shard(s) to %s",
                     n, split, shards, output_dir)
 
+    order = [s for s in (old.splits if old else ()) if s in written or s in plan.kept]
+    order += [s for s in written if s not in order]
     manifest = Manifest(
-        directory=output_dir, schema=schema, splits=written, compression=compression,
-        name=name,
+        directory=output_dir, schema=schema,
+        splits={s: written[s] if s in written else plan.kept[s] for s in order},
+        compression=compression, name=name or (old.name if old else ""),
         created={"tool": "estimator-keras", "seed": seed, "shuffled": bool(shuffle),
                  "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
                      timespec="seconds"),
-                 **(created or {})})
+                 **(created or {})},
+        labels=plan.labels)
     io.rmtree(staging)
     write_manifest(manifest)
     return manifest
 
 
+class _WritePlan:
+    """Every check of a write_dataset call, done before anything on disk changes.
+
+    Attributes: sources, schema, shards (split -> count), compression, labels,
+    old (the existing Manifest or None) and kept (its splits not rewritten).
+    """
+
+    def __init__(self, splits, output_dir, num_shards, compression, labels, num_workers):
+        self.compression = check_compression(compression)
+        if not splits or not isinstance(splits, dict):
+            raise UsageError(f"write_dataset needs a dict of at least one split -> data; "
+                             f"given {type(splits).__name__} {splits!r:.80}.")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+            raise UsageError(f"num_workers must be an integer; given {num_workers!r}.")
+        for split in splits:
+            if not isinstance(split, str) or not SPLIT_RE.match(split):
+                raise UsageError(f"split name {split!r} must be letters, digits, '_' or '.'.")
+        self.sources = {split: _as_source(data) for split, data in splits.items()}
+        self.schema = None
+        for split, source in self.sources.items():
+            if self.schema is None:
+                self.schema = dict(source.features)
+            elif dict(source.features) != self.schema:
+                raise SchemaError(f"split {split!r} has schema "
+                                  f"{schema_lib.schema_to_json(source.features)}, other "
+                                  f"splits {schema_lib.schema_to_json(self.schema)}.")
+        self.shards = _shard_counts(num_shards, self.sources)
+        self.labels = self._labels(labels)
+        self.old = self._old_manifest(output_dir)
+        self.kept = {}
+        if self.old is not None:
+            self.kept = {s: v for s, v in self.old.splits.items() if s not in self.sources}
+        if self.kept:
+            self._check_agreement(output_dir)
+
+    def _labels(self, labels):
+        if labels is None:
+            found = {}
+            for split, source in self.sources.items():
+                found[split] = self._checked(getattr(source, "labels", None),
+                                             f"the labels of split {split!r}'s source")
+            first = next(iter(found))
+            for split, value in found.items():
+                if value != found[first]:
+                    raise SchemaError(
+                        f"the sources disagree on the labels: split {first!r} has "
+                        f"{found[first]}, split {split!r} has {value}; every split must "
+                        f"record the same classes.")
+            return found[first]
+        return self._checked(labels, "labels")
+
+    def _checked(self, labels, what):
+        try:
+            return check_labels(labels, self.schema)
+        except InvalidField as e:
+            raise SchemaError(f"{what}: {e}") from None
+
+    @staticmethod
+    def _old_manifest(output_dir):
+        if not io.exists(manifest_path(output_dir)):
+            return None
+        try:
+            return load_manifest(output_dir)
+        except DataError as e:
+            raise DataError(
+                f"{output_dir} already holds a dataset whose manifest cannot be read, so "
+                f"its other splits cannot be kept: {e} Fix {manifest_path(output_dir)}, or "
+                f"delete {output_dir} to write a new dataset there.") from e
+
+    def _check_agreement(self, output_dir):
+        old, kept = self.old, ", ".join(sorted(self.kept))
+        if self.schema != old.schema:
+            raise SchemaError(
+                f"{output_dir} keeps split(s) {kept} with schema "
+                f"{schema_lib.schema_to_json(old.schema)}; the split(s) written now have "
+                f"{schema_lib.schema_to_json(self.schema)}. A dataset has one schema: write "
+                f"to another directory, or rewrite every split.")
+        if self.compression != old.compression:
+            raise UsageError(
+                f"{output_dir} keeps split(s) {kept} with compression "
+                f"{old.compression or 'none'}; the split(s) written now would have "
+                f"{self.compression or 'none'}. Pass compression={old.compression!r}, or "
+                f"rewrite every split.")
+        if self.labels is None:
+            self.labels = old.labels
+        elif old.labels is not None and self.labels != old.labels:
+            raise SchemaError(
+                f"{output_dir} keeps split(s) {kept} with labels {old.labels}; the split(s) "
+                f"written now have {self.labels}. Every split must record the same classes.")
+
+
+def _shard_counts(num_shards, sources):
+    """split -> number of shards, each between 1 and the split's examples."""
+    if isinstance(num_shards, dict):
+        unknown = sorted(map(str, set(num_shards) - set(sources)))
+        if unknown:
+            raise UsageError(f"num_shards names split(s) {', '.join(unknown)} that are not "
+                             f"written; the splits are {', '.join(sources)}.")
+    counts = {}
+    for split, source in sources.items():
+        n = len(source)
+        shards = num_shards.get(split) if isinstance(num_shards, dict) else num_shards
+        if shards is None:
+            shards = default_num_shards(n)
+        if (isinstance(shards, (bool, np.bool_)) or not isinstance(shards, (int, np.integer))
+                or shards < 1 or (n and shards > n)):
+            raise UsageError(f"split {split!r}: num_shards must be between 1 and the "
+                             f"number of examples ({n}); given {shards!r}.")
+        counts[split] = int(shards)
+    return counts
+
+
 def write_records(data, output_dir, split="train", **kwargs):
-    """Writes one split and the manifest; see :func:`write_dataset`.
+    """Writes one split and the manifest; the dataset's other splits are kept
+    (see :func:`write_dataset`).
 
     Example::
 

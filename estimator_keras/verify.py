@@ -125,8 +125,7 @@ def inspect(path_or_pattern, verify=False):
         manifest = load_manifest(path)
         for split, info in manifest.splits.items():
             entries = []
-            for shard in info.shards:
-                full = io.join(path, shard.file)
+            for shard, full in zip(info.shards, manifest.files(split)):
                 check = check_file(full, manifest.compression) if verify else None
                 if not verify and not io.exists(full):
                     check = FileCheck(full, 0, "file is missing")

@@ -1,21 +1,135 @@
-"""Fills the registry: imports the modules that define experiments and datasets.
+"""Fills the registry: imports the modules that define experiments and
+datasets, and remembers where each name came from.
+
+Three kinds of modules register names, each with an origin that ``list``
+shows:
+
+- the built-in ones (this package);
+- installed distributions declaring an entry point in the group
+  ``estimator_keras.experiments`` (``importlib.metadata``);
+- the user's own: ``--module MOD`` (repeatable) or ``EK_MODULES`` (comma
+  separated), each a dotted module name importable from the current
+  directory or ``sys.path``, or a path to a ``.py`` file or a package folder.
 
 The registry itself imports nothing; every command that looks a name up
-calls :func:`load` first.
+calls :func:`load` first. A module that fails to import does not stop the
+others: :func:`load` returns what broke, ``list`` shows it, and the other
+commands refuse to go on (:func:`check`).
 
 Example::
 
     from experiments import catalog, registry
-    catalog.load()
-    experiment = registry.get("fashion_mnist_cnn")
+    catalog.check(catalog.load(["my_models.py"]))
+    experiment = registry.get("my_cnn")
 """
 
+import dataclasses
 import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import traceback
 
-BUILTIN_MODULES = ("experiments.fashion_mnist", "experiments.mnist", "experiments.shapes")
+from estimator_keras.errors import EstimatorKerasError
+from experiments import registry
+
+BUILTIN_MODULES = ("experiments.fashion_mnist", "experiments.mnist", "experiments.shapes",
+                   "experiments.images")
+ENTRY_POINT_GROUP = "estimator_keras.experiments"
+MODULES_VARIABLE = "EK_MODULES"
 
 
-def load():
-    """Imports the built-in experiment modules (each registers itself once)."""
+class PluginError(EstimatorKerasError):
+    """A user's module did not import, or registered a name twice."""
+
+
+@dataclasses.dataclass
+class Broken:
+    """A module that failed to load."""
+
+    origin: str
+    error: BaseException
+    details: str
+
+    def message(self):
+        text = " ".join(str(self.error).split()) or type(self.error).__name__
+        return (f"{self.origin} failed to load: {type(self.error).__name__}: {text}. Fix it, "
+                f"or leave it out (--module, {MODULES_VARIABLE}, or uninstall its "
+                f"distribution); --verbose shows the traceback.")
+
+
+_LOADED = {}
+
+
+def requested_modules(modules=()):
+    """(module, origin) for the ``--module`` values, then the ``EK_MODULES``
+    ones, without repeats."""
+    found = {m: f"--module {m}" for m in modules or ()}
+    for name in os.environ.get(MODULES_VARIABLE, "").split(","):
+        if name.strip():
+            found.setdefault(name.strip(), f"{MODULES_VARIABLE} {name.strip()}")
+    return list(found.items())
+
+
+def load(modules=(), entry_points=True):
+    """Imports the built-in modules, the installed plugins and ``modules``;
+    returns the :class:`Broken` ones (each module is imported once)."""
+    broken = []
     for name in BUILTIN_MODULES:
-        importlib.import_module(name)
+        _load(name, "built-in", lambda n=name: importlib.import_module(n), broken)
+    if entry_points:
+        for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = point.dist.name if point.dist is not None else "?"
+            _load(f"entry point {point.name}", f"entry point {point.name!r} of distribution "
+                  f"{dist}", point.load, broken)
+    for spec, origin in requested_modules(modules):
+        _load(spec, origin, lambda s=spec: _import_user_module(s), broken)
+    return broken
+
+
+def check(broken, verbose=False):
+    """Raises PluginError for the first broken module (the traceback goes to
+    stderr with ``verbose``)."""
+    if broken:
+        if verbose:
+            sys.stderr.write(broken[0].details)
+        raise PluginError(broken[0].message())
+
+
+def _load(key, origin, do_import, broken):
+    if key in _LOADED:
+        if isinstance(_LOADED[key], Broken):
+            broken.append(_LOADED[key])
+        return
+    try:
+        with registry.origin(origin):
+            do_import()
+        _LOADED[key] = origin
+    except registry.DuplicateName as e:
+        raise PluginError(str(e)) from e
+    except Exception as e:  # pylint: disable=broad-except  (any failure of user code)
+        _LOADED[key] = Broken(origin, e, traceback.format_exc())
+        broken.append(_LOADED[key])
+
+
+def _import_user_module(spec):
+    """A dotted name, a ``.py`` file or a package folder."""
+    path = os.path.abspath(os.path.expanduser(spec))
+    if spec.endswith(".py") or os.path.isfile(path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no such file: {path}")
+        name = "ek_user_" + os.path.splitext(os.path.basename(path))[0]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        # The module's own folder, so that it can import its neighbours.
+        sys.path.insert(0, os.path.dirname(path))
+        module_spec.loader.exec_module(module)
+        return module
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "__init__.py")):
+        sys.path.insert(0, os.path.dirname(path))
+        return importlib.import_module(os.path.basename(path))
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(spec)

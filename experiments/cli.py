@@ -1,23 +1,22 @@
 """The ``python -m experiments`` commands: one function per command.
 
 Exit status: 0 success, 2 bad usage (unknown experiment, flag or hparam,
-invalid TF_CONFIG...), 1 anything else, 130 interrupted. Errors print one
+invalid TF_CONFIG...), 75 preempted (SIGTERM or SIGINT while training: a
+checkpoint of the current step was saved; rerun to resume), 1 anything else,
+130 interrupted outside training. Errors print one
 paragraph; ``--verbose`` adds the traceback and TensorFlow's own logs.
 """
 
 import argparse
-import importlib
-import json
 import logging
 import os
 import sys
 import traceback
 import warnings
 
-from estimator_keras import engines, manifest
-from estimator_keras.cloud import jobenv
-from estimator_keras.errors import EstimatorKerasError, UsageError
-from experiments import catalog, cluster_cmd, hparams, registry, submit
+from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
+from experiments import cluster_cmd, commands, prepare_cmd, submit, tune_cmd
 
 logger = logging.getLogger("experiments")
 
@@ -40,6 +39,12 @@ def _add_train_flags(p, with_model_dir_required=False):
                         "or ./data)")
     p.add_argument("--hparams", default="", metavar="K=V,...",
                    help="override config fields, e.g. learning_rate=0.01,dropout=0.3")
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML or JSON with sections data, train and model (precedence: "
+                        "defaults < --config < --hparams < flags)")
+    p.add_argument("--dataset", metavar="NAME_OR_DIR",
+                   help="train on this dataset: a name prepared under --data-dir or "
+                        "registered, or a dataset folder (local or gs://)")
 
 
 def _add_engine_flag(p):
@@ -52,27 +57,13 @@ def _add_engine_flag(p):
 def build_parser():
     parser = _Parser(prog="python -m experiments",
                      description="Train Keras models from TFRecords with tf.estimator or Model.fit.")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show tracebacks and TensorFlow's own logs")
+    _add_global_flags(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     sub.add_parser("list", help="list experiments and datasets")
 
-    p = sub.add_parser("prepare", help="write a named dataset as sharded TFRecords")
-    p.add_argument("dataset", metavar="DATASET", help="fashion_mnist, mnist or shapes")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="writes DIR/DATASET (default ./data)")
-    p.add_argument("--source-dir", metavar="DIR",
-                   help="IDX files to read (default: Debian's dataset-fashion-mnist, "
-                        "else download)")
-    p.add_argument("--shards", type=int, metavar="N", help="train shards (default 8)")
-    p.add_argument("--num-workers", type=int, default=1, metavar="N",
-                   help="processes writing shards in parallel")
-    p.add_argument("--compression", choices=["none", "gzip"], default="none")
-    p.add_argument("--force", action="store_true", help="rewrite a complete dataset")
-    p.add_argument("--max-examples", type=int, metavar="N",
-                   help="keep only the first N examples of each split (quick runs)")
+    prepare_cmd.add_parser(sub)
 
     p = sub.add_parser("inspect", help="show a dataset's schema and counts; --verify "
                                        "checks every record")
@@ -92,141 +83,64 @@ def build_parser():
                             "parameter_server"])
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip unreadable records (logged) instead of stopping")
+    p.add_argument("--tuning-trial", action="store_true",
+                   help="run as a tuning service's trial: extra --name=value arguments "
+                        "become --hparams")
+    p.add_argument("--hypertune-metric", metavar="METRIC",
+                   help="report this eval metric to Vertex AI's tuning service at the end")
+    p.add_argument("--preemption-grace", type=float, default=DEFAULT_GRACE_SECS, metavar="S",
+                   help="on SIGTERM or SIGINT, save the current step and exit 75 within S "
+                        f"seconds (default {DEFAULT_GRACE_SECS:g})")
     _add_engine_flag(p)
 
     p = sub.add_parser("evaluate", help="evaluate the latest checkpoint of a model dir")
     _add_train_flags(p)
     _add_engine_flag(p)
+    p.add_argument("--json", action="store_true",
+                   help="print the metrics as one JSON object (for scripts)")
 
     p = sub.add_parser("export", help="export the latest checkpoint to model.h5, "
                                       "weights.h5 and saved_model/")
     _add_train_flags(p)
     p.add_argument("--export-dir", metavar="DIR", help="default MODEL_DIR/export")
 
+    p = sub.add_parser("show", help="print an experiment's resolved configuration as YAML")
+    p.add_argument("name", metavar="NAME", help="experiment name (see `list`)")
+    p.add_argument("--config", metavar="FILE", help="a config file, as for train")
+    p.add_argument("--hparams", default="", metavar="K=V,...", help="as for train")
+    p.add_argument("--dataset", metavar="NAME_OR_DIR", help="as for train")
+
     cluster_cmd.add_parser(sub)
     submit.add_parser(sub)
+    tune_cmd.add_parser(sub)
+    for command in sub.choices.values():
+        _add_global_flags(command, after_command=True)
     return parser
 
 
-def _data_dir(args):
-    return args.data_dir or os.environ.get("ESTIMATOR_KERAS_DATA_DIR") or "data"
+def _add_global_flags(parser, after_command=False):
+    """Flags that work before or after the command. On a command's parser
+    they default to SUPPRESS and --module collects into its own list, so that
+    nothing given before the command is undone (see _merge_global_flags)."""
+    default = argparse.SUPPRESS if after_command else None
+    parser.add_argument("--verbose", action="store_true",
+                        default=default if after_command else False,
+                        help="show tracebacks and TensorFlow's own logs")
+    parser.add_argument("--module", action="append", metavar="MOD",
+                        dest="modules_after" if after_command else "modules",
+                        default=default if after_command else [],
+                        help="import MOD first: a module name, a .py file or a package "
+                             "folder that registers experiments or datasets (repeatable; "
+                             "also $EK_MODULES, comma-separated)")
 
 
-def _tensorflow_module(name):
-    """A module that loads TensorFlow, imported only by the commands that need
-    it: list, --help, cluster and submit start at once without it."""
-    return importlib.import_module(name)
+def _merge_global_flags(args):
+    args.modules = list(args.modules or []) + list(getattr(args, "modules_after", None) or [])
 
 
-AIP_VARIABLES = ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
-
-
-def _dirs(args):
-    """(model dir, export dir or None for MODEL_DIR/export, tensorboard dir):
-    --model-dir, else Vertex AI's AIP_* variables, else runs/NAME."""
-    if not args.model_dir and any(os.environ.get(v) for v in AIP_VARIABLES):
-        found = jobenv.resolve_vertex_environment(None)
-        return found["model_dir"], found["export_dir"], found["tensorboard_dir"]
-    return args.model_dir or os.path.join("runs", args.name), None, None
-
-
-def _model_dir(args):
-    return _dirs(args)[0]
-
-
-def _experiment(args, **flags):
-    catalog.load()
-    experiment = registry.get(args.name)
-    config = hparams.with_overrides(experiment.config, hparams.parse_hparams(args.hparams),
-                                    **flags)
-    return experiment, config
-
-
-def cmd_list(args):  # pylint: disable=unused-argument
-    catalog.load()
-    print("experiments:")
-    for name in registry.names():
-        c = registry.get(name).config
-        print(f"  {name:<20} {c.description}")
-        print(f"  {'':<20} dataset {c.data.dataset}, batch {c.train.batch_size}, "
-              f"{c.train.max_steps} steps, lr {c.train.learning_rate}")
-    print("datasets:")
-    for name in registry.dataset_names():
-        print(f"  {name:<20} {registry.dataset(name).description}")
-    print("engines (--engine auto: estimator where available, else keras):")
-    for name, status in engines.describe():
-        print(f"  {name:<20} {status}")
-    return 0
-
-
-def cmd_prepare(args):
-    catalog.load()
-    prepare = _tensorflow_module("experiments.prepare")
-    out = prepare.prepare(args.dataset, _data_dir(args), source_dir=args.source_dir,
-                          shards=args.shards, num_workers=args.num_workers,
-                          compression=None if args.compression == "none" else "GZIP",
-                          force=args.force, max_examples=args.max_examples)
-    counts = ", ".join(f"{s} {v.num_examples}"
-                       for s, v in manifest.load_manifest(out).splits.items())
-    print(f"dataset {args.dataset} ready in {out} ({counts})")
-    return 0
-
-
-def cmd_inspect(args):
-    verify = _tensorflow_module("estimator_keras.verify")
-    report = verify.inspect(args.path, verify=args.verify)
-    print(verify.format_report(report))
-    return 1 if report.broken else 0
-
-
-def cmd_train(args):
-    train = _tensorflow_module("experiments.train")
-    experiment, config = _experiment(args, max_steps=args.max_steps,
-                                     batch_size=args.batch_size,
-                                     eval_every_steps=args.eval_every)
-    model_dir, export_dir, tensorboard_dir = _dirs(args)
-    result = train.train(experiment, config, model_dir=model_dir, data_dir=_data_dir(args),
-                         source_dir=args.source_dir, strategy=args.strategy,
-                         engine=args.engine, skip_corrupt=args.skip_corrupt, export_dir=export_dir,
-                         tensorboard_dir=tensorboard_dir)
-    _print_result(result.task, result.metrics, result.export_dir, result.seconds)
-    return 0
-
-
-def _print_result(task, metrics, export_dir, seconds=None):
-    if metrics:
-        shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) and k != "global_step"
-                          else f"{k} {int(v)}" for k, v in sorted(metrics.items()))
-        print(f"final metrics: {shown}")
-    if export_dir:
-        print(f"exported: {os.path.join(export_dir, 'model.h5')}  (Keras model, "
-              f"load_model(path, compile=False))")
-        print(f"          {os.path.join(export_dir, 'weights.h5')}  (weights only)")
-        print(f"          {os.path.join(export_dir, 'saved_model')}  (SavedModel)")
-    if seconds is not None:
-        print(f"[{task}] done in {seconds:.0f} s")
-
-
-def cmd_evaluate(args):
-    train = _tensorflow_module("experiments.train")
-    experiment, config = _experiment(args)
-    metrics = train.evaluate(experiment, config, model_dir=_model_dir(args),
-                             data_dir=_data_dir(args), engine=args.engine)
-    print(json.dumps(metrics, indent=2, sort_keys=True))
-    return 0
-
-
-def cmd_export(args):
-    train = _tensorflow_module("experiments.train")
-    experiment, config = _experiment(args)
-    out = train.export(experiment, config, model_dir=_model_dir(args),
-                       data_dir=_data_dir(args), export_dir=args.export_dir)
-    _print_result("chief-0", None, out)
-    return 0
-
-
-COMMANDS = {"list": cmd_list, "prepare": cmd_prepare, "inspect": cmd_inspect,
-            "train": cmd_train, "evaluate": cmd_evaluate, "export": cmd_export}
+COMMANDS = {"list": commands.cmd_list, "prepare": prepare_cmd.run, "inspect": commands.cmd_inspect,
+            "train": commands.cmd_train, "evaluate": commands.cmd_evaluate,
+            "export": commands.cmd_export, "show": commands.cmd_show}
 
 
 def _setup_logging(verbose):
@@ -276,8 +190,15 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "cluster":
+    if extra and args.command == "train" and args.tuning_trial:
+        try:
+            found = commands.trial_hparams(extra)
+        except UsageError as e:
+            parser.error(str(e))
+        args.hparams = ",".join(filter(None, (args.hparams, found)))
+    elif extra and args.command != "cluster":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _merge_global_flags(args)
     _setup_logging(args.verbose)
     if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
         _import_tensorflow_quietly()
@@ -286,10 +207,15 @@ def main(argv=None):
             return cluster_cmd.run(args, extra)
         if args.command == "submit":
             return submit.run(args)
+        if args.command == "tune":
+            return tune_cmd.run(args)
         return COMMANDS[args.command](args)
     except UsageError as e:
         _fail(e, args.verbose)
         return 2
+    except Preempted as e:
+        sys.stderr.write(_one_paragraph(e) + "\n")
+        return e.exit_code
     except EstimatorKerasError as e:
         _fail(e, args.verbose)
         return 1

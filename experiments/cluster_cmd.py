@@ -6,21 +6,27 @@ train NAME --model-dir DIR ...`` with its own TF_CONFIG. Every flag this
 command does not know is passed on verbatim to each task's ``train``, so
 training flags work as usual::
 
-    python -m experiments cluster mnist --workers 1 --ps 1 --evaluator \\
-        --model-dir runs/mnist-ps --max-steps 200 --batch-size 64
+    python -m experiments cluster fashion_mnist_mlp --workers 1 --ps 1 --evaluator \\
+        --model-dir runs/fm-ps --max-steps 200 --batch-size 64 --engine estimator
 
-Put NAME first: a flag value placed before NAME would be taken for it.
+Put NAME first: a flag value placed before NAME would be taken for it. The
+experiment, the engine and every train flag are checked before any task
+starts. On SIGTERM the launcher passes SIGTERM on to the tasks, waits up to
+--preemption-grace seconds for their checkpoint and exits 75 when they saved.
 """
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import tempfile
 
 from estimator_keras import engines
 from estimator_keras.distribute import launcher
-from estimator_keras.errors import UsageError
+from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.errors import ConfigError, UsageError
+from experiments import commands, registry
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
@@ -54,6 +60,13 @@ def add_parser(subparsers):
                              "evaluate the final checkpoint (default 120)")
     parser.add_argument("--quiet", action="store_true",
                         help="do not echo the tasks' output (it still goes to the logs)")
+    parser.add_argument("--preemption-grace", type=float, default=DEFAULT_GRACE_SECS,
+                        metavar="S",
+                        help="seconds the tasks get to save a checkpoint after the launcher "
+                             f"is sent SIGTERM; passed on to every task's train (default "
+                             f"{DEFAULT_GRACE_SECS:g})")
+    # The train parser beside this one checks the flags passed on to the tasks.
+    parser.set_defaults(cluster_subcommands=subparsers)
     return parser
 
 
@@ -65,6 +78,11 @@ def _train_argv(args, extra_argv):
     has_strategy = any(a == "--strategy" or a.startswith("--strategy=") for a in extra)
     if args.ps > 0 and not has_strategy:
         extra += ["--strategy", "parameter_server"]
+    if _flag_value(extra, "--preemption-grace") is None:
+        extra += ["--preemption-grace", f"{args.preemption_grace:g}"]
+    # The experiment may come from the user's modules: each task imports them too.
+    for module in getattr(args, "modules", None) or ():
+        extra += ["--module", module]
     return [sys.executable, "-m", "experiments", "train", args.name,
             "--model-dir", args.model_dir, *extra]
 
@@ -79,11 +97,43 @@ def _flag_value(argv, flag):
 
 
 def _check_engine(args, command):
-    # Refuse here, before any task starts, what the keras engine's tasks
-    # would refuse one by one.
-    if _flag_value(command, "--engine") == "keras":
-        engines.check_keras_cluster(ps="--ps" if args.ps else None,
-                                    evaluator="--evaluator" if args.evaluator else None)
+    # Refuse here, before any task starts, what every task would refuse on
+    # its own: the engine's absence, or ps / evaluator under the keras engine.
+    requested = _flag_value(command, "--engine") or "auto"
+    engine = engines.auto_from_metadata() if requested == "auto" else requested
+    found = {name: (ok, text) for name, ok, text in engines.statuses()}
+    available, status = found.get(engine, (False, "unknown engine"))
+    if not available:
+        raise ConfigError(f"--engine {requested} means the {engine} engine, which this "
+                          f"environment cannot run: {status}.")
+    if engine == "keras":
+        engines.check_keras_cluster(
+            ps=f"--ps {args.ps}" if args.ps else None,
+            evaluator="--evaluator" if args.evaluator else None)
+
+
+def _check_train_flags(args, command):
+    """Parses the tasks' train command with the real train parser and builds
+    the experiment's config from it as `train` does, so that a bad name, flag,
+    config file or hparam stops here, once, before any process starts.
+    Returns the grace the tasks were given."""
+    subcommands = getattr(args, "cluster_subcommands", None)
+    train_parser = subcommands.choices.get("train") if subcommands else None
+    if train_parser is None:
+        commands.load_catalog(argparse.Namespace(modules=getattr(args, "modules", None),
+                                                 verbose=getattr(args, "verbose", False)))
+        registry.get(args.name)
+        return args.preemption_grace
+    targs, unknown = train_parser.parse_known_args(command[4:])
+    if unknown:
+        raise UsageError(f"the tasks' train command would not accept {' '.join(unknown)}; "
+                         f"see `python -m experiments train --help` for its flags.")
+    targs.verbose = getattr(args, "verbose", False)
+    targs.modules = list(getattr(targs, "modules_after", None) or [])
+    commands.experiment_config(targs, max_steps=getattr(targs, "max_steps", None),
+                               batch_size=getattr(targs, "batch_size", None),
+                               eval_every_steps=getattr(targs, "eval_every", None))
+    return getattr(targs, "preemption_grace", args.preemption_grace)
 
 
 def _task_env():
@@ -114,28 +164,36 @@ def _print_outcomes(result, stream):
 def run(args, extra_argv=()):
     """Run the ``cluster`` subcommand; returns 0 when the training tasks all succeeded.
 
-    Errors propagate as package exceptions (the dispatcher picks the exit code);
+    Errors propagate as package exceptions (the dispatcher picks the exit code:
+    2 for a bad name or flag, 75 for a preemption the tasks saved, else 1);
     the failing task's last log lines are printed here first.
     """
     if args.workers < 0 or args.ps < 0:
         raise UsageError(
             f"--workers and --ps must be 0 or more; got --workers {args.workers} --ps {args.ps}.")
+    if not args.preemption_grace > 0:
+        raise UsageError(f"--preemption-grace must be a positive number of seconds; given "
+                         f"{args.preemption_grace:g}.")
     command = _train_argv(args, extra_argv)
+    grace = _check_train_flags(args, command)
     _check_engine(args, command)
+    # Only now, with everything checked, is anything created.
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"cluster-{args.name}-")
     parts = ["chief"] + ([f"{args.workers} worker(s)"] if args.workers else []) + (
         [f"{args.ps} ps"] if args.ps else []) + (["evaluator"] if args.evaluator else [])
     print(f"Local cluster for {args.name!r}: {' + '.join(parts)}; logs in {log_dir}")
-    print("Each task runs: " + " ".join(command[1:]))
+    print("Each task runs: " + shlex.join(command))
     sys.stdout.flush()
     try:
         result = launcher.launch_local_cluster(
             command, workers=args.workers, ps=args.ps, evaluator=args.evaluator,
             log_dir=log_dir, timeout=args.timeout, env=_task_env(), echo=not args.quiet,
-            evaluator_grace=args.evaluator_grace)
+            evaluator_grace=args.evaluator_grace, preemption_grace=grace)
     except launcher.ClusterError as e:
         sys.stdout.flush()
-        print("\nLocal cluster FAILED.", file=sys.stderr)
+        print("\nLocal cluster PREEMPTED: the tasks saved a checkpoint; rerun the same command "
+              "to resume." if isinstance(e, launcher.ClusterPreempted)
+              else "\nLocal cluster FAILED.", file=sys.stderr)
         if e.result is not None:
             _print_outcomes(e.result, sys.stderr)
         if isinstance(e, launcher.ClusterTaskError):

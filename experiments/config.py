@@ -10,13 +10,17 @@ docstring; ``--hparams`` and config files set fields by these names (see
 import dataclasses
 import typing
 
+from experiments.data_info import call_with_data
+
 
 @dataclasses.dataclass
 class DataConfig:
     """Which dataset an experiment reads, and how."""
 
-    dataset: str
-    """Registered dataset name (see `python -m experiments prepare --help`)."""
+    dataset: typing.Optional[str]
+    """A registered dataset name (prepared under the data dir when missing), or
+    the path of a prepared dataset directory, local or gs://; None: the
+    experiment trains on whatever --dataset names."""
     train_split: str = "train"
     """Split to train on."""
     eval_split: str = "test"
@@ -30,8 +34,13 @@ class DataConfig:
     per-record buffer), or "none"."""
     shuffle_buffer: int = 64
     """Shuffle buffer: batches for "batch", records for "record"."""
-    cache: bool = False
-    """Cache parsed batches in memory after the first epoch."""
+    cache: typing.Union[bool, str] = "auto"
+    """Keep one epoch of parsed batches in memory and serve later epochs from
+    it: true, false, or "auto" (when the split's size in memory, computed
+    from its manifest, fits cache_budget_mb; the decision is logged)."""
+    cache_budget_mb: typing.Optional[float] = None
+    """Budget of cache="auto" in MB per input pipeline (None: a quarter of the
+    memory available when training starts)."""
 
 
 @dataclasses.dataclass
@@ -88,9 +97,11 @@ class Experiment:
 
     Attributes:
       config: the ExperimentConfig.
-      build_model: callable(model hparams dict) -> uncompiled Keras model
-        whose inputs take records' raw values (scaling inside the model).
-      metrics: callable() -> list of Keras metrics for compile().
+      build_model: ``fn(hparams)`` or ``fn(hparams, data)`` -> an uncompiled
+        functional Keras model whose inputs take the records' raw values
+        (scaling inside the model); ``data`` is the dataset's
+        :class:`~experiments.data_info.DataInfo` (input shapes, classes).
+      metrics: ``fn()`` or ``fn(data)`` -> the Keras metrics for compile().
     """
 
     config: ExperimentConfig
@@ -100,3 +111,10 @@ class Experiment:
     @property
     def name(self):
         return self.config.name
+
+    def make_model(self, hparams, data=None):
+        """The uncompiled model (the builder gets the data when it takes it)."""
+        return call_with_data(self.build_model, (hparams,), data)
+
+    def make_metrics(self, data=None):
+        return call_with_data(self.metrics, (), data)

@@ -12,12 +12,13 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, inputs, records
+from estimator_keras import checkpoints, engines, inputs, manifest, records
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config
 from estimator_keras.engines import base
+from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import DataError, SchemaError
-from experiments import datasets
+from experiments import config_files, data_info, datasets
 
 # How long a non-chief task waits for the chief to prepare the data.
 DATA_WAIT_SECS = 600
@@ -40,11 +41,13 @@ def engine_for(requested, model_dir):
 
 
 def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1):
-    """The dataset directory, prepared first if missing (by the chief only;
-    other tasks wait for its manifest)."""
+    """The dataset directory (see :func:`experiments.datasets.find`); a
+    registered dataset is prepared first if missing (by the chief only; other
+    tasks wait for its manifest)."""
     name = config.data.dataset
-    if datasets.is_prepared(data_dir, name):
-        return datasets.dataset_dir(data_dir, name)
+    path, registered = datasets.find(name, data_dir)
+    if not registered or datasets.is_prepared(data_dir, name):
+        return path
     if is_chief:
         from experiments import prepare  # pylint: disable=import-outside-toplevel  (rarely needed)
         say(f"dataset {name} is not in {data_dir}: preparing it first")
@@ -59,13 +62,14 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
                     f"`python -m experiments prepare {name} --data-dir {data_dir}` first.")
 
 
-def input_fns(config, dataset_path, info=None, skip_corrupt=False):
-    """Train and eval input_fns over the experiment's dataset."""
+def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None):
+    """Train and eval input_fns over the experiment's dataset; ``seed``
+    makes their shuffles (and so the run) repeatable."""
     data = config.data
     input_config = inputs.InputConfig(
         features=data.features, label=data.label, shuffle=data.shuffle,
         shuffle_buffer=data.shuffle_buffer, cache=data.cache,
-        skip_corrupt=skip_corrupt, seed=None)
+        cache_budget_mb=data.cache_budget_mb, skip_corrupt=skip_corrupt, seed=seed)
     shard = None
     if info is not None and info.has_ps and info.task_type in tf_config.TRAINING_TYPES:
         # Parameter-server workers get no InputContext: split the files
@@ -112,6 +116,12 @@ class RunContext:
       train_fn, eval_fn: the input functions (their ``files`` say what they read).
       probe: one uncompiled model, built to check the records and checkpoints.
       skip_corrupt: drop unreadable records instead of stopping.
+      start_step: the step of the model dir's checkpoint when the run starts.
+      seed: the run's random seed (see :func:`estimator_keras.engines.base.run_seed`).
+      preemption_grace: seconds from SIGTERM to the end of the process.
+      data: the dataset's :class:`~experiments.data_info.DataInfo`.
+      flat_export: the final export in Vertex's layout (SavedModel at the root).
+      hypertune_metric: a tuning trial's metric, reported to Vertex at the end.
     """
 
     experiment: object
@@ -129,11 +139,18 @@ class RunContext:
     eval_fn: object
     probe: object
     skip_corrupt: bool
+    start_step: int = 0
+    seed: int = None
+    preemption_grace: float = DEFAULT_GRACE_SECS
+    data: object = None
+    flat_export: bool = False
+    hypertune_metric: str = None
 
     @classmethod
     def build(cls, experiment, config, *, model_dir, data_dir, source_dir=None,
               strategy="auto", engine="auto", skip_corrupt=False, prepare_workers=1,
-              export_dir=None, tensorboard_dir=None):
+              export_dir=None, tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS,
+              flat_export=False, hypertune_metric=None):
         info = tf_config.parse_tf_config()
         engine_name = engine_for(engine, model_dir)
         # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
@@ -151,19 +168,34 @@ class RunContext:
                       distribute=distribute, replicas=strategy_lib.num_replicas(distribute),
                       model_dir=str(model_dir), export_dir=export_dir,
                       tensorboard_dir=tensorboard_dir, dataset_path=None, train_fn=None,
-                      eval_fn=None, probe=None, skip_corrupt=skip_corrupt)
+                      eval_fn=None, probe=None, skip_corrupt=skip_corrupt,
+                      preemption_grace=preemption_grace, flat_export=flat_export,
+                      hypertune_metric=hypertune_metric)
         context.log_header()
         context.dataset_path = ensure_data(config, data_dir, source_dir,
                                            is_chief=info.is_chief, num_workers=prepare_workers)
-        tf.keras.utils.set_random_seed(config.train.seed)
-        context.probe = experiment.build_model(config.model)
+        context.data = data_info.describe(manifest.load_manifest(context.dataset_path),
+                                          config.data)
+        config_files.check(model_dir, config, context.dataset_path, context.data)
+        latest = tf.train.latest_checkpoint(str(model_dir))
+        context.start_step = (checkpoints.checkpoint_step(latest) or 0) if latest else 0
+        context.seed = base.run_seed(config.train.seed, context.start_step)
+        if context.seed != config.train.seed:
+            context.log(f"resuming at step {context.start_step} with random seed {context.seed} "
+                        f"(from seed {config.train.seed} and the step): new shuffles and "
+                        f"dropout, not the first run's again")
+        tf.keras.utils.set_random_seed(context.seed)
+        context.probe = context.build_model()
         check_inputs(context.probe, config, context.dataset_path)
         context.train_fn, context.eval_fn = input_fns(config, context.dataset_path, info,
-                                                      skip_corrupt)
+                                                      skip_corrupt, context.seed)
+        if info.is_chief:
+            config_files.write(model_dir, config, context.dataset_path, context.data)
         return context
 
     def log(self, message):
-        say(f"[{self.info.task_name}] {message}")
+        # Task names only where there are several tasks to tell apart.
+        say(f"[{self.info.task_name}] {message}" if self.info.is_distributed else message)
 
     def log_header(self):
         config, train = self.config, self.config.train
@@ -180,13 +212,13 @@ class RunContext:
                      f"global ({self.replicas} replica(s)); engine {self.engine.name}")
 
     def build_model(self):
-        return self.experiment.build_model(self.config.model)
+        return self.experiment.make_model(self.config.model, self.data)
 
     @property
     def schema(self):
         return self.train_fn.files.schema
 
-    def plan(self, hooks):
+    def plan(self, hooks, preemption=None):
         """The engine's :class:`~estimator_keras.engines.base.TrainingPlan`."""
         config, train = self.config, self.config.train
         early = None
@@ -194,22 +226,24 @@ class RunContext:
             early = base.EarlyStopping(config.best_metric, train.early_stopping_steps,
                                        config.higher_is_better)
         return experiment_plan(
-            self.experiment, config, model_dir=self.model_dir, train_data=self.train_fn,
+            self.experiment, config, self.data, model_dir=self.model_dir, train_data=self.train_fn,
             eval_data=self.eval_fn, replicas=self.replicas, early_stopping=early,
-            strategy=self.distribute, hooks=hooks)
+            strategy=self.distribute, hooks=hooks, seed=self.seed, preemption=preemption)
 
 
-def experiment_plan(experiment, config, **fields):
+def experiment_plan(experiment, config, data=None, **fields):
     """A :class:`~estimator_keras.engines.base.TrainingPlan` for an experiment's
-    model and training settings; ``fields`` set the rest (model_dir, data...)."""
+    model (built for ``data``, a DataInfo) and training settings; ``fields``
+    set the rest (model_dir, input functions...)."""
     train = config.train
     fields.setdefault("model_dir", "")
     fields.setdefault("train_data", None)
     fields.setdefault("eval_data", None)
+    fields.setdefault("seed", train.seed)
     return base.TrainingPlan(
-        build_model=lambda: experiment.build_model(config.model), loss=config.loss,
-        metrics=experiment.metrics, max_steps=train.max_steps,
+        build_model=lambda: experiment.make_model(config.model, data), loss=config.loss,
+        metrics=lambda: experiment.make_metrics(data), max_steps=train.max_steps,
         eval_every_steps=train.eval_every_steps, optimizer=train.optimizer,
         learning_rate=train.learning_rate, batch_size=train.batch_size,
         log_every_steps=train.log_every_steps, keep_checkpoint_max=train.keep_checkpoint_max,
-        seed=train.seed, **fields)
+        **fields)

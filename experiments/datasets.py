@@ -10,6 +10,8 @@ import logging
 import os
 
 from estimator_keras import io, manifest, sources
+from estimator_keras.errors import UsageError
+from experiments import registry
 
 logger = logging.getLogger(__name__)
 
@@ -22,18 +24,24 @@ def _idx_dir(name, source_dir, download_dir):
         logger.info("reading Fashion-MNIST from %s (Debian's dataset-fashion-mnist)",
                     sources.DEBIAN_FASHION_MNIST_DIR)
         return sources.DEBIAN_FASHION_MNIST_DIR
-    logger.info("no --source-dir given: downloading %s to %s", name, download_dir)
-    sources.download_idx(name, download_dir)
-    return download_dir
+    logger.info("no --source-dir given: downloading %s", name)
+    # download_dir None: this user's private, verified download cache.
+    return sources.download_idx(name, download_dir)
 
 
-def idx_splits(name):
-    """The ``splits`` function of an IDX dataset (``mnist``, ``fashion_mnist``)."""
+def idx_splits(name, class_names):
+    """The ``splits`` function of an IDX dataset (``mnist``, ``fashion_mnist``),
+    whose class ids name ``class_names``."""
 
     def splits(source_dir=None, download_dir=None):
         directory = _idx_dir(name, source_dir, download_dir)
-        return {split: sources.IdxSource(*sources.find_idx_files(directory, split))
-                for split in ("train", "test")}
+        found = {}
+        for split in ("train", "test"):
+            source = sources.IdxSource(*sources.find_idx_files(directory, split))
+            source.labels = {"label": {"num_classes": len(class_names),
+                                       "class_names": list(class_names)}}
+            found[split] = source
+        return found
 
     return splits
 
@@ -45,6 +53,7 @@ class Head:
     def __init__(self, source, n):
         self.source, self.n = source, min(int(n), len(source))
         self.features = source.features
+        self.labels = getattr(source, "labels", None)
 
     def __len__(self):
         return self.n
@@ -59,3 +68,33 @@ def dataset_dir(data_dir, name):
 
 def is_prepared(data_dir, name):
     return io.exists(manifest.manifest_path(dataset_dir(data_dir, name)))
+
+
+def find(name, data_dir):
+    """Where dataset ``name`` is: ``(directory, registered)``.
+
+    ``name`` is looked up, in order, as a dataset prepared under ``data_dir``,
+    a registered dataset (its directory under ``data_dir``, maybe not
+    prepared yet: ``registered`` is then True), or the path of a prepared
+    dataset directory, local or remote.
+
+    Raises:
+      UsageError: none of these, naming what was tried.
+    """
+    if not name:
+        raise UsageError("this experiment trains on any prepared dataset: give --dataset NAME "
+                         "(prepared under --data-dir, or registered) or --dataset DIR (a "
+                         "folder with a dataset.json).")
+    if is_prepared(data_dir, name) and "/" not in name:
+        return dataset_dir(data_dir, name), False
+    if "/" not in name and name in registry.dataset_names():
+        return dataset_dir(data_dir, name), True
+    if io.exists(manifest.manifest_path(name)):
+        return str(name).rstrip("/"), False
+    prepared = [n for n in (io.listdir(data_dir) if io.isdir(data_dir) else [])
+                if is_prepared(data_dir, n)]
+    raise UsageError(
+        f"--dataset {name!r} is neither a dataset prepared in {data_dir} ({', '.join(prepared) or 'none'}), "
+        f"nor a registered dataset ({', '.join(registry.dataset_names())}), nor a folder "
+        f"holding a dataset.json. Prepare it first, e.g. `python -m experiments prepare images "
+        f"--source-dir DIR --name {name}`.")

@@ -4,9 +4,13 @@ from experiments import datasets, models
 from experiments.config import DataConfig, Experiment, ExperimentConfig, TrainConfig
 from experiments.registry import register, register_dataset
 
+# Zalando's names for the class ids, in order.
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+               "Sneaker", "Bag", "Ankle boot")
+
 register_dataset("fashion_mnist",
                  "Fashion-MNIST, 60k/10k 28x28 grey images, 10 classes (IDX files)",
-                 datasets.idx_splits("fashion_mnist"))
+                 datasets.idx_splits("fashion_mnist", CLASS_NAMES))
 
 CNN = register(Experiment(
     config=ExperimentConfig(
@@ -16,7 +20,8 @@ CNN = register(Experiment(
         data=DataConfig(dataset="fashion_mnist"),
         train=TrainConfig(batch_size=128, max_steps=6000, eval_every_steps=2000,
                           learning_rate=1e-3),
-        model={"filters": 32, "dense_units": 128, "conv_dropout": 0.25, "dropout": 0.5}),
+        model={"filters": 32, "dense_units": 128, "conv_dropout": 0.25, "dropout": 0.5,
+               "num_classes": 0}),
     build_model=models.seed_cnn))
 
 MLP = register(Experiment(
@@ -26,5 +31,5 @@ MLP = register(Experiment(
         data=DataConfig(dataset="fashion_mnist"),
         train=TrainConfig(batch_size=128, max_steps=6000, eval_every_steps=2000,
                           learning_rate=1e-3),
-        model={"units": 128}),
+        model={"units": 128, "num_classes": 0}),
     build_model=models.seed_mlp))

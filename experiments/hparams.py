@@ -11,7 +11,8 @@ from experiments.config import DataConfig, TrainConfig
 from estimator_keras.errors import ConfigError, UsageError
 
 
-def _coerce(key, text, default):
+def parse_value(key, text, default):
+    """``text`` parsed to the type of ``default`` (ConfigError naming ``key``)."""
     if isinstance(default, bool):
         if text.lower() in ("1", "true", "yes", "on"):
             return True
@@ -23,6 +24,9 @@ def _coerce(key, text, default):
             try:
                 return kind(text)
             except ValueError:
+                # "64.0": tuning services send whole numbers as doubles.
+                if kind is int and _whole(text):
+                    return int(float(text))
                 raise ConfigError(f"hparam {key}={text!r}: expected {kind.__name__} "
                                   f"(default {default!r}).") from None
     if default is None:
@@ -32,9 +36,29 @@ def _coerce(key, text, default):
             except ValueError:
                 pass
     if isinstance(default, (list, tuple)):
-        return type(default)(_coerce(key, t, default[0] if default else "")
+        return type(default)(parse_value(key, t, default[0] if default else "")
                              for t in text.split(":"))
     return text
+
+
+def _whole(text):
+    try:
+        return float(text).is_integer()
+    except ValueError:
+        return False
+
+
+def _cache_mode(key, text):
+    if text.lower() == "auto":
+        return "auto"
+    try:
+        return parse_value(key, text, False)
+    except ConfigError:
+        raise ConfigError(f"hparam {key}={text!r}: expected auto, true or false.") from None
+
+
+# Fields whose values are not all of one type.
+_PARSERS = {"cache": _cache_mode}
 
 
 def parse_hparams(text):
@@ -50,7 +74,7 @@ def parse_hparams(text):
 
 
 def with_overrides(config, hparams=None, **flags):
-    """A copy of ``config`` with hparams (strings) and typed flags applied.
+    """A copy of ``config`` with hparams (strings), then typed flags, applied.
 
     Keys are looked up in TrainConfig, then DataConfig, then the model dict;
     an unknown key is a ConfigError listing every valid key.
@@ -58,29 +82,36 @@ def with_overrides(config, hparams=None, **flags):
     train = dataclasses.replace(config.train)
     data = dataclasses.replace(config.data)
     model = dict(config.model)
-    for key, value in flags.items():
-        if value is not None:
-            setattr(train, key, value)
     for key, text in (hparams or {}).items():
         for target in (train, data):
             if key in {f.name for f in dataclasses.fields(target)} and key not in (
                     "dataset", "features"):
-                setattr(target, key, _coerce(key, text, getattr(target, key)))
+                parse = _PARSERS.get(key)
+                setattr(target, key, parse(key, text) if parse else
+                        parse_value(key, text, getattr(target, key)))
                 break
         else:
             if key in model:
-                model[key] = _coerce(key, text, model[key])
+                model[key] = parse_value(key, text, model[key])
             else:
                 valid = sorted({f.name for f in dataclasses.fields(TrainConfig)}
                                | {f.name for f in dataclasses.fields(DataConfig)}
                                - {"dataset", "features"} | set(model))
                 raise ConfigError(f"unknown hparam {key!r} for experiment "
                                   f"{config.name!r}; valid: {', '.join(valid)}.")
-    _validate(config.name, train)
+    # Flags come last: they beat --hparams.
+    for key, value in flags.items():
+        if value is not None:
+            setattr(train, key, value)
+    _validate(config.name, train, data)
     return dataclasses.replace(config, train=train, data=data, model=model)
 
 
-def _validate(name, train):
+def _validate(name, train, data):
+    budget = data.cache_budget_mb
+    if budget is not None and not (isinstance(budget, (int, float)) and budget > 0):
+        raise ConfigError(f"{name}: cache_budget_mb must be a positive number of MB; given "
+                          f"{budget!r}.")
     for key in ("batch_size", "max_steps", "eval_every_steps", "log_every_steps"):
         if getattr(train, key) < 1:
             raise ConfigError(f"{name}: {key} must be a positive integer; given "

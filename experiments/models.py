@@ -1,5 +1,11 @@
 """Model builders shared by the experiments.
 
+Every builder takes ``(hparams, data)``: the model hyperparameters and the
+:class:`~experiments.data_info.DataInfo` of the dataset (input shape and
+dtype, number of classes), so that one builder fits any prepared dataset.
+Called without data (rebuilding a model in plain Keras), the seed models take
+Fashion-MNIST's 28x28x1 and 10 classes, the U-Net the shapes dataset's.
+
 Every builder returns an uncompiled functional Keras model whose inputs take
 the records' raw values (pixels 0-255) and scale them inside the model, so an
 exported model predicts correctly for a user who knows nothing of the input
@@ -10,14 +16,37 @@ TensorFlow is imported inside each builder: the experiment modules that name
 these builders are imported to list experiments, which needs no TensorFlow.
 """
 
+from estimator_keras.errors import ConfigError
 
-def seed_cnn(hparams, input_shape=(28, 28, 1), num_classes=10, input_name="image"):
+
+def _input(tf, data, default_shape):
+    if data is None:
+        return tf.keras.Input(shape=default_shape, name="image")
+    return tf.keras.Input(shape=data.input_shape, name=data.input_name)
+
+
+def num_classes(hparams, data, default):
+    """The number of classes: ``num_classes`` in the hparams when set, else
+    what the dataset records, else (no data at all) ``default``."""
+    if hparams.get("num_classes"):
+        return int(hparams["num_classes"])
+    if data is None:
+        return default
+    if not data.num_classes:
+        raise ConfigError(
+            "the dataset does not record how many classes its label has (it was written by "
+            "an older version, or by write_records without labels): rerun `python -m "
+            "experiments prepare ... --force`, or give --hparams num_classes=N.")
+    return int(data.num_classes)
+
+
+def seed_cnn(hparams, data=None):
     """The seed answer's CNN: Conv 32 -> Conv 64 -> MaxPool -> Dropout ->
     Flatten -> Dense 128 -> Dropout -> Dense (softmax)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
-    inputs = tf.keras.Input(shape=input_shape, name=input_name)
+    inputs = _input(tf, data, (28, 28, 1))
     x = layers.Rescaling(1.0 / 255)(inputs)
     x = layers.Conv2D(hparams.get("filters", 32), 3, activation="relu")(x)
     x = layers.Conv2D(2 * hparams.get("filters", 32), 3, activation="relu")(x)
@@ -26,47 +55,82 @@ def seed_cnn(hparams, input_shape=(28, 28, 1), num_classes=10, input_name="image
     x = layers.Flatten()(x)
     x = layers.Dense(hparams.get("dense_units", 128), activation="relu")(x)
     x = layers.Dropout(hparams.get("dropout", 0.5))(x)
-    outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
+    outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
+                           name="probabilities")(x)
     return tf.keras.Model(inputs, outputs, name="seed_cnn")
 
 
-def seed_mlp(hparams, input_shape=(28, 28, 1), num_classes=10, input_name="image"):
+def seed_mlp(hparams, data=None):
     """The seed question's MLP: Dense 128 -> Dense 128 -> Dense (softmax)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
-    inputs = tf.keras.Input(shape=input_shape, name=input_name)
+    inputs = _input(tf, data, (28, 28, 1))
     x = layers.Rescaling(1.0 / 255)(inputs)
     x = layers.Flatten()(x)
     x = layers.Dense(hparams.get("units", 128), activation="relu")(x)
     x = layers.Dense(hparams.get("units", 128), activation="relu")(x)
-    outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
+    outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
+                           name="probabilities")(x)
     return tf.keras.Model(inputs, outputs, name="seed_mlp")
 
 
-def small_unet(hparams, input_shape=(64, 64, 3), num_classes=4, input_name="image"):
-    """A small U-Net: three down and three up stages with skip connections,
-    per-pixel softmax over ``num_classes``."""
+def image_classifier(hparams, data=None):
+    """A small conv net sized from its input: blocks of two 3x3 convolutions
+    and a 2x2 max-pool, filters doubling, until the feature map is about 8
+    pixels across (2 blocks for 28x28, 5 for 224x224; ``blocks`` overrides),
+    then global average pooling, dropout and a softmax."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
+
+    layers = tf.keras.layers
+    inputs = _input(tf, data, (28, 28, 1))
+    size = min(inputs.shape[1], inputs.shape[2])
+    blocks = hparams.get("blocks") or max(1, min(5, (size // 8).bit_length()))
+    x = layers.Rescaling(1.0 / 255)(inputs)
+    for block in range(int(blocks)):
+        filters = hparams.get("filters", 32) * 2 ** block
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = layers.MaxPooling2D(2)(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dropout(hparams.get("dropout", 0.3))(x)
+    outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
+                           name="probabilities")(x)
+    return tf.keras.Model(inputs, outputs, name="image_classifier")
+
+
+def unet(hparams, data=None):
+    """A U-Net: ``depth`` down and up stages with skip connections (default:
+    as deep as the input divides by 2, at most 4), per-pixel softmax over the
+    mask's classes."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
     base = hparams.get("filters", 16)
+    inputs = _input(tf, data, (64, 64, 3))
+    height, width = inputs.shape[1], inputs.shape[2]
+    depth = hparams.get("depth") or max(d for d in range(5) if height % 2 ** d == 0
+                                        and width % 2 ** d == 0 and min(height, width) >> d >= 4)
+    if height % 2 ** depth or width % 2 ** depth:
+        raise ConfigError(f"a U-Net of depth {depth} needs an input whose height and width "
+                          f"divide by {2 ** depth}; the data is {height}x{width}. Prepare it with "
+                          f"--image-size, or set --hparams depth=N.")
 
     def block(x, filters):
         x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
         return layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
 
-    inputs = tf.keras.Input(shape=input_shape, name=input_name)
     x = layers.Rescaling(1.0 / 255)(inputs)
     skips = []
-    for depth in range(3):
-        x = block(x, base * 2 ** depth)
+    for level in range(depth):
+        x = block(x, base * 2 ** level)
         skips.append(x)
         x = layers.MaxPooling2D(2)(x)
-    x = block(x, base * 8)
-    for depth in reversed(range(3)):
-        x = layers.Conv2DTranspose(base * 2 ** depth, 2, strides=2, padding="same")(x)
-        x = layers.Concatenate()([x, skips[depth]])
-        x = block(x, base * 2 ** depth)
-    outputs = layers.Conv2D(num_classes, 1, activation="softmax", name="mask")(x)
-    return tf.keras.Model(inputs, outputs, name="small_unet")
+    x = block(x, base * 2 ** depth)
+    for level in reversed(range(depth)):
+        x = layers.Conv2DTranspose(base * 2 ** level, 2, strides=2, padding="same")(x)
+        x = layers.Concatenate()([x, skips[level]])
+        x = block(x, base * 2 ** level)
+    outputs = layers.Conv2D(num_classes(hparams, data, 4), 1, activation="softmax",
+                            name="mask")(x)
+    return tf.keras.Model(inputs, outputs, name="unet")

@@ -1,19 +1,40 @@
-"""``prepare``: writes a registered dataset to ``DATA_DIR/<name>`` as sharded
-TFRecords with a manifest. A dataset that already has a manifest is complete
-and is reused as is.
+"""``prepare``: writes a dataset to ``DATA_DIR/<name>`` as sharded TFRecords
+with a manifest: a registered dataset (:func:`prepare`), or the user's own
+files (:func:`import_files`: a folder of class folders, image / mask folders,
+or other tools' TFRecord files). A dataset that already has a manifest is
+complete and is reused as is unless ``force``.
 """
 
+import dataclasses
 import logging
 import os
+import re
+import tempfile
 
-from estimator_keras import records
+from estimator_keras import io, records
 from estimator_keras.errors import DataError, UsageError
+from estimator_keras.manifest import load_manifest
+from estimator_keras.sources import idx, layouts, tfrecords
 from experiments import registry
 from experiments.datasets import Head, dataset_dir, is_prepared
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SHARDS = {"train": 8, "test": 2}
+IMPORTERS = ("images", "segmentation", "tfrecords")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_SKIPPED_RECORDED = 50
+
+
+def _num_shards(splits, shards):
+    num_shards = dict(DEFAULT_SHARDS)
+    if shards:
+        if int(shards) < 1:
+            raise UsageError(f"--shards must be a positive integer; given {shards}.")
+        num_shards["train"] = int(shards)
+        num_shards["test"] = max(1, int(shards) // 4)
+    return {split: min(num_shards.get(split, 1), max(1, len(source)))
+            for split, source in splits.items()}
 
 
 def prepare(name, data_dir, *, source_dir=None, shards=None, num_workers=1,
@@ -31,22 +52,87 @@ def prepare(name, data_dir, *, source_dir=None, shards=None, num_workers=1,
         return out
     if source_dir and not os.path.isdir(source_dir):
         raise DataError(f"--source-dir {source_dir} is not a directory.")
-    download_dir = os.path.join(str(data_dir), "_downloads", name)
+    # Downloads go to this user's private cache, never a shared folder.
+    download_dir = idx.user_cache_dir("downloads", name)
     splits = entry.splits(source_dir=source_dir, download_dir=download_dir)
     if max_examples:
         if int(max_examples) < 1:
             raise UsageError(f"--max-examples must be a positive integer; given {max_examples}.")
         splits = {split: Head(source, max_examples) for split, source in splits.items()}
-    num_shards = dict(DEFAULT_SHARDS)
-    if shards:
-        if int(shards) < 1:
-            raise UsageError(f"--shards must be a positive integer; given {shards}.")
-        num_shards["train"] = int(shards)
-        num_shards["test"] = max(1, int(shards) // 4)
-    num_shards = {split: min(num_shards.get(split, 1), max(1, len(source)))
-                  for split, source in splits.items()}
-    records.write_dataset(splits, out, num_shards=num_shards, compression=compression,
-                          num_workers=num_workers, progress=progress, name=name,
+    records.write_dataset(splits, out, num_shards=_num_shards(splits, shards),
+                          compression=compression, num_workers=num_workers,
+                          progress=progress, name=name, labels=entry.labels,
                           created={"source": source_dir or "default",
                                    "max_examples": max_examples})
     return out
+
+
+@dataclasses.dataclass
+class Imported:
+    """What :func:`import_files` did.
+
+    Attributes:
+      directory: the dataset directory.
+      manifest: its Manifest.
+      found: the importer's :class:`~estimator_keras.sources.scan.Imported`
+        (sources, skipped inputs, notes), or None when an already prepared
+        dataset was reused.
+    """
+
+    directory: str
+    manifest: object
+    found: object = None
+
+
+def check_name(name):
+    """``--name`` as a folder name under the data dir; UsageError otherwise."""
+    if not name or not _NAME_RE.match(name):
+        raise UsageError(f"--name {name!r} must be a folder name: letters, digits, '_', "
+                         f"'.' and '-', not starting with '.' or '-'.")
+    if name in registry.dataset_names():
+        raise UsageError(f"--name {name!r} is a registered dataset; choose another name "
+                         f"for your own data (registered: "
+                         f"{', '.join(registry.dataset_names())}).")
+    return name
+
+
+def import_files(kind, name, data_dir, *, shards=None, num_workers=1, compression=None,
+                 force=False, progress=True, **options):
+    """Imports the user's files as dataset ``name`` in ``DATA_DIR/name``.
+
+    Args:
+      kind: "images" (``options``: source_dir, image_size, channels,
+        test_fraction, strict), "segmentation" (the same) or "tfrecords"
+        (pattern, test_pattern, features, label, image_size, channels,
+        test_fraction, num_classes, class_names, strict); see
+        :mod:`estimator_keras.sources.layouts` and
+        :mod:`estimator_keras.sources.tfrecords`.
+      shards, num_workers, compression, force, progress: as for :func:`prepare`.
+    """
+    if kind not in IMPORTERS:
+        raise UsageError(f"unknown importer {kind!r}; expected one of {', '.join(IMPORTERS)}.")
+    out = dataset_dir(data_dir, check_name(name))
+    if not force and is_prepared(data_dir, name):
+        logger.info("dataset %s is already prepared in %s", name, out)
+        return Imported(out, load_manifest(out))
+    cache = tempfile.mkdtemp(prefix="estimator-keras-import-")
+    try:
+        if kind == "tfrecords":
+            found = tfrecords.tfrecord_splits(
+                options.pop("pattern"), test_pattern=options.pop("test_pattern", None),
+                num_workers=num_workers, progress=progress, cache_dir=cache, **options)
+        else:
+            source_dir = options.pop("source_dir")
+            splits_of = (layouts.image_folder_splits if kind == "images"
+                         else layouts.segmentation_folder_splits)
+            found = splits_of(source_dir, num_workers=num_workers, progress=progress,
+                              **options)
+        records.write_dataset(
+            found.splits, out, num_shards=_num_shards(found.splits, shards),
+            compression=compression, num_workers=num_workers, progress=progress, name=name,
+            created={"source": found.origin, "importer": kind,
+                     "skipped": len(found.skipped),
+                     "skipped_first": [str(s) for s in found.skipped[:_SKIPPED_RECORDED]]})
+    finally:
+        io.rmtree(cache)
+    return Imported(out, load_manifest(out), found)

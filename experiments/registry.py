@@ -14,6 +14,7 @@ command, the user's) before anything is looked up::
     register_dataset("my_images", "my photos, 5 classes", lambda **_: {"train": ...})
 """
 
+import contextlib
 import dataclasses
 import typing
 
@@ -30,31 +31,77 @@ class Dataset:
       splits: ``fn(source_dir=..., download_dir=...)`` -> ``{split: source}``,
         each source a dict of numpy arrays or an example source (see
         :mod:`estimator_keras.sources`).
+      labels: ``{label_feature: {"num_classes": N, "class_names": [...]}}``
+        for the manifest, or None (sources may carry their own ``labels``).
     """
 
     name: str
     description: str
     splits: typing.Callable
+    labels: dict = None
 
 
 _EXPERIMENTS = {}
 _DATASETS = {}
+# `prepare images|segmentation|tfrecords` import the user's own files.
+RESERVED_DATASET_NAMES = ("images", "segmentation", "tfrecords")
+# Name -> where it was registered from (for `list` and for duplicates).
+_ORIGINS = {"experiment": {}, "dataset": {}}
+_current_origin = ["(registered in Python)"]
+
+
+class DuplicateName(ValueError):
+    """A second experiment or dataset under a name already taken."""
+
+
+@contextlib.contextmanager
+def origin(text):
+    """Names registered inside come from ``text`` (e.g. "--module my.py")."""
+    _current_origin.append(text)
+    try:
+        yield
+    finally:
+        _current_origin.pop()
+
+
+def _claim(kind, name):
+    taken = _ORIGINS[kind].get(name)
+    if taken is not None:
+        raise DuplicateName(f"{kind} {name!r} is registered twice: by {taken} and by "
+                            f"{_current_origin[-1]}. Rename one of them.")
+    _ORIGINS[kind][name] = _current_origin[-1]
 
 
 def register(experiment):
-    """Adds an :class:`experiments.config.Experiment`; returns it."""
-    if experiment.name in _EXPERIMENTS:
-        raise ValueError(f"experiment {experiment.name!r} is registered twice")
+    """Adds an :class:`experiments.config.Experiment`; returns it.
+
+    Raises:
+      DuplicateName: the name is taken, naming both origins.
+    """
+    _claim("experiment", experiment.name)
     _EXPERIMENTS[experiment.name] = experiment
     return experiment
 
 
-def register_dataset(name, description, splits):
-    """Adds a named dataset for ``prepare``; returns its :class:`Dataset`."""
-    if name in _DATASETS:
-        raise ValueError(f"dataset {name!r} is registered twice")
-    _DATASETS[name] = Dataset(name, description, splits)
+def register_dataset(name, description, splits, labels=None):
+    """Adds a named dataset for ``prepare``: ``splits(source_dir=...,
+    download_dir=...)`` returns ``{split: source}``; ``labels`` names the
+    classes (see :class:`Dataset`). Returns its :class:`Dataset`.
+
+    Raises:
+      DuplicateName: the name is taken, naming both origins.
+    """
+    if name in RESERVED_DATASET_NAMES:
+        raise DuplicateName(f"dataset name {name!r} is reserved: `prepare {name}` imports "
+                            f"your own files. Choose another name.")
+    _claim("dataset", name)
+    _DATASETS[name] = Dataset(name, description, splits, labels)
     return _DATASETS[name]
+
+
+def origin_of(kind, name):
+    """Where an experiment or dataset ("experiment"/"dataset") came from."""
+    return _ORIGINS[kind].get(name)
 
 
 def names():

@@ -5,24 +5,29 @@ from experiments import models
 from experiments.config import DataConfig, Experiment, ExperimentConfig, TrainConfig
 from experiments.registry import register, register_dataset
 
-NUM_CLASSES = 4  # background, circle, rectangle, triangle
-
 
 def _splits(source_dir=None, download_dir=None, num_train=8000, num_test=1000):
     del source_dir, download_dir  # generated
     # Different seeds keep test images out of the training set.
-    return {"train": sources.ShapesSource(num_train, image_size=64, seed=0),
-            "test": sources.ShapesSource(num_test, image_size=64, seed=1)}
+    found = {"train": sources.ShapesSource(num_train, image_size=64, seed=0),
+             "test": sources.ShapesSource(num_test, image_size=64, seed=1)}
+    for source in found.values():
+        source.labels = {"mask": {"num_classes": len(sources.SHAPES_CLASSES),
+                                  "class_names": list(sources.SHAPES_CLASSES)}}
+    return found
 
 
 register_dataset("shapes", "generated 64x64 RGB shapes with per-pixel class masks, 8k/1k",
                  _splits)
 
 
-def _metrics():
+def segmentation_metrics(data=None):
+    """Pixel accuracy and mean IoU over the mask's classes."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (list needs no TF)
+    classes = data.num_classes if data is not None and data.num_classes else len(
+        sources.SHAPES_CLASSES)
     return [tf.keras.metrics.SparseCategoricalAccuracy(name="pixel_accuracy"),
-            tf.keras.metrics.MeanIoU(NUM_CLASSES, sparse_y_pred=False, name="mean_iou")]
+            tf.keras.metrics.MeanIoU(classes, sparse_y_pred=False, name="mean_iou")]
 
 
 UNET = register(Experiment(
@@ -33,7 +38,7 @@ UNET = register(Experiment(
         data=DataConfig(dataset="shapes", label="mask"),
         train=TrainConfig(batch_size=32, max_steps=3000, eval_every_steps=1000,
                           learning_rate=2e-3),
-        model={"filters": 16},
+        model={"filters": 16, "depth": 3, "num_classes": 0},
         best_metric="mean_iou"),
-    build_model=lambda hp: models.small_unet(hp, num_classes=NUM_CLASSES),
-    metrics=_metrics))
+    build_model=models.unet,
+    metrics=segmentation_metrics))

@@ -7,24 +7,43 @@ Examples::
         --region us-central1 --job-dir gs://my-bucket/runs/1 \\
         --workers 2 --ps 1 --evaluator --accelerator NVIDIA_TESLA_T4:1 --dry-run
 
+    # from an image built with the repository's Dockerfile: no sdist
+    python -m experiments submit fashion_mnist_cnn --project my-proj \\
+        --region us-central1 --job-dir gs://my-bucket/runs/2 \\
+        --container-image us-docker.pkg.dev/my-proj/ml/estimator-keras:1 --dry-run
+
+    # a hyperparameter tuning job: 8 trials, 2 at a time
+    python -m experiments submit fashion_mnist_mlp --project my-proj \\
+        --region us-central1 --job-dir gs://my-bucket/tune/1 --tune space.yaml \\
+        --max-trials 8 --parallel-trials 2 --algorithm random --dry-run
+
     # a Kubeflow TFJob manifest for an image that has the package installed
     python -m experiments submit fashion_mnist_cnn --target tfjob \\
-        --job-dir gs://my-bucket/runs/1 --workers 2 --image gcr.io/p/ek:1 \\
-        --output tfjob.yaml
+        --job-dir gs://my-bucket/runs/1 --workers 2 \\
+        --container-image gcr.io/p/ek:1 --output tfjob.yaml
+
+    # your own experiment: your package is built and installed beside this one,
+    # the job imports --module by name and reads the uploaded config file
+    python -m experiments --module my_experiments submit my_cnn \\
+        --package-dir ./my-package --config my_cnn.yaml --project my-proj \\
+        --region us-central1 --job-dir gs://my-bucket/runs/3 --dry-run
 """
 
 import argparse
+import contextlib
 import datetime
 import json
+import os
 import shlex
 import sys
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from estimator_keras import engines, io
-from estimator_keras.cloud import submission, tfjob
+from estimator_keras.cloud import space as space_lib
+from estimator_keras.cloud import packaging, submission, tfjob
 from estimator_keras.cloud.spec import DEFAULT_MACHINE_TYPE, JobSpec
 from estimator_keras.errors import ConfigError, UsageError
-from experiments import catalog, registry
+from experiments import catalog, config_files, hparams, registry
 
 STRATEGIES = ("auto", "none", "mirrored", "multi_worker_mirrored", "parameter_server")
 
@@ -39,7 +58,8 @@ def _count(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: a whole number > 0."""
     try:
         value = int(text)
     except ValueError:
@@ -57,9 +77,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=(
             "Package this project, upload it under --job-dir and start `train NAME` as "
             "a Vertex AI custom job with a chief, optional workers, parameter servers "
-            "and an evaluator. The model goes to JOB_DIR/model, records are read from "
-            "JOB_DIR/data (or --data-dir). With --target tfjob, write a Kubeflow TFJob "
-            "manifest instead."),
+            "and an evaluator (or, with --container-image, run an image that has the "
+            "package installed). --job-dir is the job's base output directory: Vertex "
+            "puts checkpoints in JOB_DIR/checkpoints, event files in JOB_DIR/logs and "
+            "the export in JOB_DIR/model; records are read from JOB_DIR/data (or "
+            "--data-dir). --tune FILE makes it a hyperparameter tuning job. With "
+            "--target tfjob, write a Kubeflow TFJob manifest instead. Your own "
+            "experiments: --package-dir builds and installs your package too, and "
+            "the job imports the modules of --module (or EK_MODULES) by name; "
+            "--config FILE is uploaded to JOB_DIR/config and passed to train."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("Examples::", 1)[1])
     parser.add_argument("name", metavar="NAME",
@@ -68,7 +94,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--region",
                         help="Vertex AI region, e.g. us-central1 (required for Vertex AI)")
     parser.add_argument("--job-dir", required=True, metavar="gs://BUCKET/PATH",
-                        help="job folder: package, model (JOB_DIR/model) and default data")
+                        help="job folder (Vertex's base output directory): package, "
+                             "checkpoints, logs, model and default data")
     parser.add_argument("--data-dir", metavar="gs://BUCKET/PATH",
                         help="records to train on (default: JOB_DIR/data)")
     parser.add_argument("--workers", type=_count, default=0, metavar="N",
@@ -82,12 +109,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="GPUs per chief/worker/evaluator, e.g. NVIDIA_TESLA_T4:1")
     parser.add_argument("--display-name", help="job name (default: NAME-UTC timestamp)")
     parser.add_argument("--hparams", metavar="k=v,...", help="forwarded to train")
-    parser.add_argument("--max-steps", type=_positive, metavar="N", help="forwarded to train")
-    parser.add_argument("--batch-size", type=_positive, metavar="N", help="forwarded to train")
-    parser.add_argument("--eval-every", type=_positive, metavar="N", help="forwarded to train")
+    parser.add_argument("--max-steps", type=positive_int, metavar="N", help="forwarded to train")
+    parser.add_argument("--batch-size", type=positive_int, metavar="N", help="forwarded to train")
+    parser.add_argument("--eval-every", type=positive_int, metavar="N", help="forwarded to train")
     parser.add_argument("--strategy", choices=STRATEGIES, help="forwarded to train")
     parser.add_argument("--engine", choices=("auto", "estimator", "keras"),
                         help="forwarded to train (default there: auto)")
+    parser.add_argument("--dataset", metavar="NAME_OR_DIR",
+                        help="forwarded to train: a dataset name under --data-dir, or a "
+                             "gs:// dataset folder")
+    parser.add_argument("--config", metavar="FILE",
+                        help="train's config file: uploaded to JOB_DIR/config/ and passed "
+                             "as --config gs://... (a gs:// file is passed as it is; a "
+                             "TFJob passes FILE as given: the image must hold it)")
+    parser.add_argument("--package-dir", action="append", dest="package_dirs", default=[],
+                        metavar="DIR",
+                        help="your own package (a folder with setup.py or pyproject.toml) "
+                             "that holds the --module code: its sdist is built and "
+                             "uploaded beside this package's and the job installs both "
+                             "(repeatable; not with --container-image or --target tfjob)")
     parser.add_argument("--package-uri", metavar="gs://...tar.gz",
                         help="use this uploaded sdist instead of building and uploading one")
     parser.add_argument("--dry-run", action="store_true",
@@ -96,10 +136,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--target", choices=("vertex", "tfjob"), default="vertex",
                         help="vertex (default) submits; tfjob writes a Kubeflow TFJob manifest")
     parser.add_argument("--image", metavar="URI",
-                        help="container image: required for tfjob; for vertex it replaces "
-                             "the prebuilt TensorFlow 2.15 image")
+                        help="vertex: the executor image that installs the uploaded package, "
+                             "replacing the prebuilt one (TensorFlow 2.15 for the estimator "
+                             "engine, 2.17 for keras); tfjob: the container image")
+    parser.add_argument("--container-image", metavar="URI",
+                        help="an image with this package installed (see the Dockerfile): "
+                             "vertex runs it with containerSpec and uploads no package; "
+                             "tfjob runs it")
     parser.add_argument("--output", metavar="FILE",
                         help="write the TFJob YAML (tfjob) or the request JSON (vertex) here")
+    tuning = parser.add_argument_group("hyperparameter tuning (Vertex AI)")
+    tuning.add_argument("--tune", metavar="FILE",
+                        help="search space YAML: create a HyperparameterTuningJob over it")
+    tuning.add_argument("--max-trials", type=positive_int, metavar="N",
+                        help="trials in the study (required with --tune)")
+    tuning.add_argument("--parallel-trials", type=positive_int, default=1, metavar="P",
+                        help="trials running at once (default 1)")
+    tuning.add_argument("--metric", metavar="NAME", default="accuracy",
+                        help="evaluation metric the trials report (default accuracy)")
+    tuning.add_argument("--goal", choices=("max", "min"),
+                        help="default: min for loss-like metric names, max otherwise")
+    tuning.add_argument("--algorithm", choices=("grid", "random"),
+                        help="default: Vertex AI's own (ALGORITHM_UNSPECIFIED)")
     return parser
 
 
@@ -109,17 +167,38 @@ def _train_args(args) -> List[str]:
         out += ["--hparams", args.hparams]
     for flag, value in (("--max-steps", args.max_steps), ("--batch-size", args.batch_size),
                         ("--eval-every", args.eval_every), ("--strategy", args.strategy),
-                        ("--engine", getattr(args, "engine", None))):
+                        ("--dataset", getattr(args, "dataset", None))):
         if value is not None:
             out += [flag, str(value)]
     return out
 
 
-def _check_experiment(name: str, known_experiments: Optional[Callable[[str], object]]) -> None:
+@contextlib.contextmanager
+def _importable_from(package_dirs: Sequence[str]):
+    """The user's package folders (and their src/) on sys.path, so that
+    --module names resolve here as they will once the job installed them."""
+    added = []
+    for directory in package_dirs:
+        for path in (io.join(directory, "src"), directory):
+            path = os.path.abspath(path)
+            if io.isdir(path) and path not in sys.path:
+                sys.path.insert(0, path)
+                added.append(path)
+    try:
+        yield
+    finally:
+        for path in added:
+            if path in sys.path:
+                sys.path.remove(path)
+
+
+def _check_experiment(name: str, known_experiments: Optional[Callable[[str], object]],
+                      modules=(), package_dirs=(), verbose=False):
     if not isinstance(name, str) or not name.strip():
         raise UsageError("NAME must name an experiment, e.g. fashion_mnist_cnn; got %r." % name)
     if known_experiments is None:
-        catalog.load()
+        with _importable_from(package_dirs):
+            catalog.check(catalog.load(modules), verbose)
         known_experiments = registry.get
     try:
         found = known_experiments(name)
@@ -127,6 +206,85 @@ def _check_experiment(name: str, known_experiments: Optional[Callable[[str], obj
         found = None
     if found is None:
         raise UsageError("Unknown experiment %r (NAME of `submit`)." % name)
+    return found
+
+
+def _config(args, experiment):
+    """The experiment's config with a local --config file applied (checked
+    here, before anything is uploaded); None for a stand-in experiment."""
+    config = getattr(experiment, "config", None)
+    path = getattr(args, "config", None)
+    if config is None or not path or path.startswith("gs://") or (
+            args.target == "tfjob" and not io.isfile(path)):
+        return config
+    return config_files.apply(config, config_files.load(path), source="--config %s" % path)
+
+
+def _check_package_dirs(args, package_dirs: Sequence[str]) -> None:
+    """Refuse --package-dir where nothing is installed, and folders pip could
+    not build, before any module is imported."""
+    if not package_dirs:
+        return
+    if args.target == "tfjob":
+        raise UsageError("--package-dir does not apply to --target tfjob: a TFJob "
+                         "installs nothing, so build your package into the image and "
+                         "pass --module with its module name there.")
+    if args.container_image:
+        raise UsageError("--package-dir cannot go with --container-image: a job run from "
+                         "an image installs nothing, so the image must already contain "
+                         "your code (build it into the image and pass --module), or drop "
+                         "--container-image to have the packages installed on the "
+                         "prebuilt image.")
+    for directory in package_dirs:
+        packaging.package_sdist_command(directory, "dist")
+
+
+def _check_user_code(spec: JobSpec, origin: Optional[str]) -> None:
+    """A Vertex job that installs packages has the user's code only from
+    --package-dir: refuse what it could not import there. ``origin``: where
+    the experiment was registered from, when known."""
+    if spec.container_image:
+        return
+    spec.check_package_modules()
+    if spec.package_dirs:
+        return
+    if spec.modules:
+        raise UsageError(
+            "--module %s (or EK_MODULES) is your code, but the job would install only "
+            "this package: add --package-dir DIR, the folder of your package (setup.py "
+            "or pyproject.toml) that provides it, or run an image that holds it with "
+            "--container-image." % ", ".join(spec.modules))
+    if origin is not None and origin != "built-in":
+        raise UsageError(
+            "experiment %r comes from %s, which the job would not have: add "
+            "--package-dir DIR, the folder of the package that provides it, or run "
+            "an image that holds it with --container-image." % (spec.experiment, origin))
+
+
+def _study(args, config) -> Optional[space_lib.Study]:
+    """The tuning study --tune asks for; its space checked against the
+    hyperparameters the experiment accepts (when the experiment has a config)."""
+    tuning_flags = [f for f, v in (("--max-trials", args.max_trials),
+                                   ("--goal", args.goal), ("--algorithm", args.algorithm)) if v]
+    if not args.tune:
+        if tuning_flags:
+            raise UsageError("%s only apply with --tune FILE." % ", ".join(tuning_flags))
+        return None
+    if args.max_trials is None:
+        raise UsageError("--tune needs --max-trials N: how many trials the study runs.")
+    space = space_lib.load_space(args.tune)
+    if config is not None:
+        fixed = hparams.parse_hparams(args.hparams)
+        both = sorted(set(fixed) & set(space.names))
+        if both:
+            raise ConfigError("%s both in --hparams and in the search space %s; give it "
+                              "in one of them." % (", ".join(both), args.tune))
+        space.check_hparams(lambda values: hparams.with_overrides(config, {**fixed, **values}))
+    study = space_lib.Study(space, metric=args.metric, goal=args.goal,
+                            algorithm=args.algorithm, max_trials=args.max_trials,
+                            parallel_trials=args.parallel_trials)
+    study.validate()
+    return study
 
 
 def _check_strategy(args) -> None:
@@ -150,8 +308,18 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
     unknown one); by default ``experiments.registry.get`` when that module exists.
     Errors propagate as package exceptions for the dispatcher to map.
     """
-    _check_experiment(args.name, known_experiments)
+    modules = [m for m, _ in catalog.requested_modules(getattr(args, "modules", None))]
+    package_dirs = list(getattr(args, "package_dirs", None) or [])
+    _check_package_dirs(args, package_dirs)
+    origin = None
+    if known_experiments is None:
+        experiment = _check_experiment(args.name, None, modules, package_dirs,
+                                       getattr(args, "verbose", False))
+        origin = registry.origin_of("experiment", args.name)
+    else:
+        experiment = _check_experiment(args.name, known_experiments)
     _check_strategy(args)
+    study = _study(args, _config(args, experiment))
     display_name = args.display_name or "%s-%s" % (
         args.name, datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S"))
     spec = JobSpec(
@@ -159,13 +327,22 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
         region=args.region, workers=args.workers, ps=args.ps, evaluator=args.evaluator,
         machine_type=args.machine_type, accelerator=args.accelerator,
         display_name=display_name, train_args=_train_args(args),
-        package_uri=args.package_uri, image=args.image, data_dir=args.data_dir)
+        package_uri=args.package_uri, data_dir=args.data_dir,
+        engine=getattr(args, "engine", None) or "auto",
+        image=args.image if args.target == "vertex" else None,
+        container_image=args.container_image, modules=modules, package_dirs=package_dirs,
+        config=getattr(args, "config", None))
 
     if args.target == "tfjob":
-        if not args.image:
-            raise UsageError("--target tfjob needs --image URI: a container image with "
-                             "this package installed (a TFJob cannot install the sdist).")
-        text = tfjob.to_yaml(tfjob.build_tfjob_manifest(spec, args.image))
+        image = args.container_image or args.image
+        if not image:
+            raise UsageError("--target tfjob needs --container-image URI (or --image): an "
+                             "image with this package installed, such as one built from "
+                             "the repository's Dockerfile (a TFJob cannot install the sdist).")
+        if study is not None:
+            raise UsageError("--tune runs on Vertex AI only; for a local study use "
+                             "`python -m experiments tune`.")
+        text = tfjob.to_yaml(tfjob.build_tfjob_manifest(spec, image))
         if args.output:
             io.atomic_write(args.output, text)
             print("wrote %s; start it with: kubectl create -f %s"
@@ -177,17 +354,32 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
     if not args.project or not args.region:
         raise UsageError("Vertex AI needs --project and --region (for example "
                          "--project my-project --region us-central1).")
-    result = submission.submit(spec, dry_run=args.dry_run)
+    _check_user_code(spec, origin)
+    dataset = getattr(args, "dataset", None)
+    if dataset and not dataset.startswith("gs://") and ("/" in dataset or io.isdir(dataset)):
+        raise UsageError("--dataset %s is a local folder, which the job cannot read: copy "
+                         "it to Cloud Storage and pass its gs:// path, or pass a dataset "
+                         "name under --data-dir." % dataset)
+    result = submission.submit(spec, dry_run=args.dry_run, study=study)
     request_json = json.dumps(result["request"], indent=2)
     if args.output:
         io.atomic_write(args.output, request_json + "\n")
     if args.dry_run:
         print(request_json)
         print()
-        print("# Commands a real submission amounts to (job_spec.json holds the "
-              "request's jobSpec, or all of it but the worker pools):")
-        for command in result["commands"]:
-            print(shlex.join(command))
+        if study is not None:
+            print("# Commands a real submission amounts to (hptuning_job.json holds the "
+                  "request):")
+        else:
+            print("# Commands a real submission amounts to (job_spec.json holds the "
+                  "request's jobSpec, or all of it but the worker pools):")
+        if result["package_requires"]:
+            print("# the sdist also requires %s (job-requirements.txt), which the "
+                  "prebuilt image lacks" % ", ".join(result["package_requires"]))
+        for command, workdir in zip(result["commands"], result["workdirs"]):
+            # A --package-dir sdist builds in its own folder.
+            print("(cd %s && %s)" % (shlex.quote(workdir), shlex.join(command)) if workdir
+                  else shlex.join(command))
         return 0
     print(json.dumps({"job": result["job"], "package_uri": result["package_uri"]}, indent=2))
     return 0

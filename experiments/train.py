@@ -22,13 +22,16 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, export as export_lib, io, manifest, verify
+from estimator_keras import checkpoints, engines, export as export_lib, io, manifest, summaries
+from estimator_keras import verify
+from estimator_keras.cloud import hypertune
 from estimator_keras.engines import base
+from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
 from estimator_keras.engines.keras import SUMMARY_SUBDIRS
-from estimator_keras.errors import CorruptRecordError, DataError
+from estimator_keras.errors import ConfigError, CorruptRecordError, DataError, EstimatorKerasError
 from estimator_keras.modeldir import ModelDirLock
 from experiments import context as context_lib
-from experiments import datasets
+from experiments import config_files, data_info, datasets
 from experiments.context import RunContext, say
 
 
@@ -42,6 +45,9 @@ class TrainResult:
       global_step: the step the run ended at.
       task: the task name ("chief-0" when local).
       seconds: wall time.
+      evaluated: what ``metrics`` were measured on: split, examples (None
+        when unknown) and checkpoint step.
+      trained: False when the model dir was already at ``max_steps``.
     """
 
     metrics: dict
@@ -49,6 +55,8 @@ class TrainResult:
     global_step: int
     task: str
     seconds: float
+    evaluated: dict = None
+    trained: bool = True
 
 
 class Runner:
@@ -70,8 +78,13 @@ class Runner:
         if ctx.skip_corrupt:
             _report_corrupt(ctx.train_fn.files)
         with ModelDirLock(ctx.model_dir):
-            export_lib.recover_export(io.join(ctx.model_dir, export_lib.EXPORT_DIR))
-            self._check_checkpoint()
+            export_lib.recover_export(self._export_dir())
+            latest = self._check_checkpoint()
+            if latest and (checkpoints.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
+                return self._already_trained(latest)
+            if latest and ctx.engine.name == "estimator":
+                # The keras engine says where it resumes from itself.
+                ctx.log(f"resuming from {latest}")
             result = self._train(is_chief=True)
             metrics = result.metrics
             if metrics is None:
@@ -79,13 +92,8 @@ class Runner:
                 # summary needs the final numbers too.
                 metrics = ctx.engine.evaluate(self._plan(),
                                               checkpoints.latest_checkpoint(ctx.model_dir))
-            export_dir = export_lib.export_model(
-                ctx.build_model, ctx.model_dir, checkpoint=result.checkpoint, schema=ctx.schema,
-                features=ctx.config.data.features, export_dir=ctx.export_dir,
-                metadata={"experiment": ctx.config.name, "engine": ctx.engine.name,
-                          "metrics": metrics, "dataset": ctx.dataset_path})
-            if ctx.tensorboard_dir and ctx.tensorboard_dir.rstrip("/") != ctx.model_dir.rstrip("/"):
-                _copy_summaries(ctx.model_dir, ctx.tensorboard_dir)
+            export_dir = self._export(result.checkpoint, metrics)
+            self._report(metrics)
         return metrics, export_dir
 
     def worker(self):
@@ -113,24 +121,30 @@ class Runner:
 
     # -- shared by the roles
 
-    def _plan(self):
-        return self.ctx.plan(base.TrainingHooks(self.ctx.log, self._on_evaluation))
+    def _plan(self, preemption=None):
+        hooks = base.TrainingHooks(self.ctx.log, self._on_evaluation)
+        plan = self.ctx.plan(hooks, preemption=preemption)
+        plan.chief = self.ctx.info.is_chief
+        return plan
 
     def _train(self, is_chief):
         ctx = self.ctx
-        plan = self._plan()
+        # Tasks that run no steps of their own stop at once on a signal.
+        watch = PreemptionWatch(ctx.preemption_grace, log=ctx.log,
+                                stop_at_once=ctx.info.task_type in ("evaluator", "ps"))
+        plan = self._plan(preemption=watch)
         ctx.engine.prepare(plan, is_chief)
-        with _data_errors_explained(ctx.dataset_path, ctx.train_fn, ctx.eval_fn):
+        with watch, _data_errors_explained(ctx.dataset_path, ctx.train_fn, ctx.eval_fn):
             return ctx.engine.train(plan)
 
     def _check_checkpoint(self):
-        """A checkpoint in the model dir must fit the model and the engine."""
+        """A checkpoint in the model dir must fit the model and the engine;
+        returns it (None when there is none)."""
         latest = tf.train.latest_checkpoint(self.ctx.model_dir)
         if latest:
             checkpoints.check_compatible(self.ctx.probe, latest)
-            if self.ctx.engine.name == "estimator":
-                self.ctx.engine.check_can_restore(latest)
-                self.ctx.log(f"resuming from {latest}")
+            self.ctx.engine.check_can_restore(latest)
+        return latest
 
     def _on_evaluation(self, checkpoint, metrics):
         ctx = self.ctx
@@ -138,15 +152,75 @@ class Runner:
             # The keras engine logs its evaluations as fit reports them.
             ctx.log(f"evaluated step {int(metrics.get('global_step', -1))}: "
                     f"{base.format_metrics(metrics)}")
+        if ctx.tensorboard_dir and ctx.tensorboard_dir.rstrip("/") != ctx.model_dir.rstrip("/"):
+            # Vertex TensorBoard follows the run as it goes.
+            _copy_summaries(ctx.model_dir, ctx.tensorboard_dir)
         export_lib.export_if_best(ctx.build_model, ctx.model_dir, checkpoint, metrics,
                                   ctx.config.best_metric, ctx.config.higher_is_better,
                                   schema=ctx.schema, features=ctx.config.data.features,
-                                  log=ctx.log)
+                                  log=ctx.log, class_names=ctx.data.class_names)
+
+    def _report(self, metrics):
+        """TensorBoard's HParams row of this run, the summaries where the
+        platform's TensorBoard reads them, and a tuning trial's metric."""
+        ctx = self.ctx
+        log_dir = ctx.tensorboard_dir or ctx.model_dir
+        step = int(metrics.get("global_step") or 0)
+        summaries.write_hparams(io.join(log_dir, "hparams"),
+                                {**dataclasses.asdict(ctx.config.train), **ctx.config.model},
+                                metrics, step)
+        if ctx.tensorboard_dir and ctx.tensorboard_dir.rstrip("/") != ctx.model_dir.rstrip("/"):
+            _copy_summaries(ctx.model_dir, ctx.tensorboard_dir)
+        if ctx.hypertune_metric:
+            if ctx.hypertune_metric not in metrics:
+                raise ConfigError(
+                    f"--hypertune-metric {ctx.hypertune_metric!r} is not among the "
+                    f"evaluation's metrics {sorted(k for k in metrics if k != 'global_step')}.")
+            path = hypertune.report(ctx.hypertune_metric, metrics[ctx.hypertune_metric], step)
+            ctx.log(f"reported {ctx.hypertune_metric} {metrics[ctx.hypertune_metric]:.4f} to "
+                    f"the tuning service ({path})")
+
+    def _export_dir(self):
+        return self.ctx.export_dir or io.join(self.ctx.model_dir, export_lib.EXPORT_DIR)
+
+    def _export(self, checkpoint, metrics):
+        ctx = self.ctx
+        return export_lib.export_model(
+            ctx.build_model, ctx.model_dir, checkpoint=checkpoint, schema=ctx.schema,
+            features=ctx.config.data.features, export_dir=ctx.export_dir,
+            metadata=export_metadata(ctx.config, ctx.engine.name, ctx.dataset_path, metrics),
+            class_names=ctx.data.class_names, flat=ctx.flat_export)
+
+    def _already_trained(self, latest):
+        """A model dir already at --max-steps trains nothing: it reports the
+        numbers of its export, and writes the export only when missing."""
+        ctx = self.ctx
+        step = checkpoints.checkpoint_step(latest)
+        ctx.log(f"{ctx.model_dir} is already at step {step} (--max-steps "
+                f"{ctx.config.train.max_steps}): nothing to train. Raise --max-steps to train on.")
+        recorded = export_lib.read_export_info(self._export_dir())
+        if recorded and recorded.get("checkpoint") == latest and recorded.get("metrics"):
+            ctx.log(f"the export in {self._export_dir()} is of that checkpoint: left as it is")
+            return recorded["metrics"], self._export_dir()
+        metrics = ctx.engine.evaluate(self._plan(), latest)
+        return metrics, self._export(latest, metrics)
+
+
+def export_metadata(config, engine, dataset_path, metrics):
+    """What export.json records beside the model, the same from ``train`` and
+    ``export``: experiment, engine, dataset, and the metrics of the exported
+    checkpoint with the split they were measured on."""
+    info = {"experiment": config.name, "engine": engine, "dataset": dataset_path,
+            "eval_split": config.data.eval_split}
+    if metrics:
+        info["metrics"] = metrics
+    return info
 
 
 def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
           engine="auto", skip_corrupt=False, prepare_workers=1, export_dir=None,
-          tensorboard_dir=None):
+          tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS, flat_export=False,
+          hypertune_metric=None):
     """Runs the experiment: prepare data if missing, train and evaluate,
     export (chief only). Works locally and as any task of a TF_CONFIG cluster.
 
@@ -154,15 +228,29 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     "auto" (the Estimator where it exists). ``export_dir`` defaults to
     ``MODEL_DIR/export``; ``tensorboard_dir``, when it differs from the model
     dir (Vertex's AIP_TENSORBOARD_LOG_DIR), gets a copy of the summaries at
-    the end."""
+    the end. SIGTERM or SIGINT saves the current step within
+    ``preemption_grace`` seconds and raises Preempted. ``flat_export`` writes
+    the export in Vertex's layout; ``hypertune_metric`` reports that metric
+    to Vertex's tuning service at the end.
+
+    Raises:
+      Preempted: training stopped on a signal; rerunning resumes.
+    """
     start = time.monotonic()
     ctx = RunContext.build(experiment, config, model_dir=model_dir, data_dir=data_dir,
                            source_dir=source_dir, strategy=strategy, engine=engine,
                            skip_corrupt=skip_corrupt, prepare_workers=prepare_workers,
-                           export_dir=export_dir, tensorboard_dir=tensorboard_dir)
+                           export_dir=export_dir, tensorboard_dir=tensorboard_dir,
+                           preemption_grace=preemption_grace, flat_export=flat_export,
+                           hypertune_metric=hypertune_metric)
     metrics, exported = Runner(ctx).run()
     step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
-    return TrainResult(metrics, exported, step, ctx.info.task_name, time.monotonic() - start)
+    evaluated = None
+    if metrics:
+        evaluated = {"split": config.data.eval_split, "step": step,
+                     "examples": ctx.eval_fn.files.num_examples}
+    return TrainResult(metrics, exported, step, ctx.info.task_name, time.monotonic() - start,
+                       evaluated, trained=ctx.start_step < config.train.max_steps)
 
 
 def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine="auto"):
@@ -170,24 +258,52 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
     (a checkpoint of either engine, with either engine)."""
     engine = engines.get_engine(context_lib.engine_for(engine, model_dir))
     dataset_path = context_lib.ensure_data(config, data_dir, source_dir)
+    data = data_info.describe(manifest.load_manifest(dataset_path), config.data)
     checkpoint = checkpoints.latest_checkpoint(model_dir)
-    checkpoints.check_compatible(experiment.build_model(config.model), checkpoint)
+    checkpoints.check_compatible(experiment.make_model(config.model, data), checkpoint)
     _, eval_fn = context_lib.input_fns(config, dataset_path)
-    plan = context_lib.experiment_plan(experiment, config, model_dir=model_dir, eval_data=eval_fn)
+    plan = context_lib.experiment_plan(experiment, config, data, model_dir=model_dir,
+                                       eval_data=eval_fn)
     return engine.evaluate(plan, checkpoint)
 
 
 def export(experiment, config, *, model_dir, data_dir=None, export_dir=None):
     """Exports the latest checkpoint of ``model_dir`` (model.h5, weights.h5,
-    saved_model/)."""
-    schema = None
-    if data_dir and datasets.is_prepared(data_dir, config.data.dataset):
-        schema = manifest.load_manifest(
-            datasets.dataset_dir(data_dir, config.data.dataset)).schema
-    return export_lib.export_model(
-        lambda: experiment.build_model(config.model), model_dir, schema=schema,
-        features=config.data.features, export_dir=export_dir,
-        metadata={"experiment": config.name})
+    saved_model/, export.json as ``train`` writes it). Returns (export dir,
+    whether it was written): an export of that checkpoint whose export.json
+    is at least as complete is left as it is.
+
+    The metrics go into export.json when an evaluation of that checkpoint is
+    on record (the train run's export, or the best-model export)."""
+    checkpoint = checkpoints.latest_checkpoint(model_dir)
+    target = export_dir or io.join(model_dir, export_lib.EXPORT_DIR)
+    known = None
+    for folder in (target, io.join(model_dir, export_lib.EXPORT_DIR),
+                   io.join(model_dir, export_lib.BEST_DIR)):
+        info = export_lib.read_export_info(folder)
+        if info and info.get("checkpoint") == checkpoint and info.get("metrics"):
+            known = info["metrics"]
+            break
+    recorded = export_lib.read_export_info(target)
+    if recorded and recorded.get("checkpoint") == checkpoint and (
+            recorded.get("metrics") or not known):
+        return target, False
+    dataset_path = schema = None
+    data = config_files.recorded_data_info(model_dir)
+    try:
+        dataset_path, _ = datasets.find(config.data.dataset, data_dir or "data")
+        found = manifest.load_manifest(dataset_path)
+    except EstimatorKerasError:
+        dataset_path = None  # the model dir's record says what the model needs
+    else:
+        schema, data = found.schema, data_info.describe(found, config.data)
+    written = export_lib.export_model(
+        lambda: experiment.make_model(config.model, data), model_dir, checkpoint=checkpoint,
+        schema=schema, features=config.data.features, export_dir=export_dir,
+        metadata=export_metadata(config, checkpoints.checkpoint_engine(checkpoint),
+                                 dataset_path, known),
+        class_names=data.class_names if data is not None else None)
+    return written, True
 
 
 @contextlib.contextmanager

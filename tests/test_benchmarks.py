@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks import common, input_table, legacy, training_table, writing_table
+from benchmarks import cache_memory, common, input_table, legacy, training_table, writing_table
 from benchmarks.common import IMAGE, LABEL
 from support import child_env
 
@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
               for split, n in (("train", N_TRAIN), ("test", N_TEST))}
     directory = str(tmp_path_factory.mktemp("bench") / "tiny")
     write_dataset(arrays, directory, num_shards={"train": 4, "test": 2}, progress=False,
-                  name="tiny")
+                  name="tiny", labels={LABEL: {"num_classes": 10, "class_names": None}})
     return directory, arrays
 
 
@@ -108,12 +108,20 @@ def test_raw_read_yields_every_record(tiny):
     assert sorted(images) == sorted(_by_image(arrays["train"]))
 
 
-def test_cached_epoch_pipeline_repeats_whole_epochs(tiny):
+def test_experiments_pipeline_repeats_whole_cached_epochs(tiny):
     path, arrays = tiny
-    ds = input_table.cached_epoch_pipeline(path, BATCH)
+    ds = input_table.package_pipeline(path, BATCH, cache="auto")
     batches = -(-N_TRAIN // BATCH)
     seen = _collect(ds.take(2 * batches))
     assert seen == collections.Counter({k: 2 for k in _by_image(arrays["train"]).items()})
+
+
+def test_cache_memory_child_reports_rss_per_epoch(tiny):
+    result = cache_memory.measure(tiny[0], epochs=3, batch_size=BATCH,
+                                  overrides={"cache": True}, timeout=240)
+    assert len(result["rss_mb"]) == 4 and all(v > 10 for v in result["rss_mb"])
+    assert result["growth"] == pytest.approx(cache_memory.growth(result["rss_mb"]))
+    assert result["examples"] == N_TRAIN and result["overrides"] == {"cache": True}
 
 
 def test_reduce_consumer_counts_only_timed_batches(tiny):
@@ -173,6 +181,7 @@ def test_input_variants_measure(tiny, settings):
     assert all(len(s) >= 1 and s[0] > 0 for s in m.samples.values())
     rows = common.rows_from(variants, m, reference="default")
     assert all(row["ratio"] > 0 for row in rows)
+    assert input_table.EXPERIMENTS_DEFAULT in m.samples
 
 
 def test_training_variants_run_a_few_steps(tiny, settings):
@@ -185,8 +194,8 @@ def test_training_variants_run_a_few_steps(tiny, settings):
         v.warm = 2
     m = common.run_alternating(variants, 1, "test", reference="estimator")
     assert not m.errors, m.errors
-    assert set(m.samples) == {"estimator", "fit_numpy", "fit_dataset", "queue_runners",
-                              "feed_dict"}
+    assert set(m.samples) == {"estimator", "estimator cache=False", "fit_numpy",
+                              "fit_dataset", "queue_runners", "feed_dict"}
     assert all(s and s[0] > 0 for s in m.samples.values())
     rows = common.rows_from(variants, m, reference="estimator")
     assert rows[0]["ratio"] == pytest.approx(1.0)
@@ -223,20 +232,168 @@ def test_feed_dict_loop_lowers_the_loss(tiny, settings):
 
 @pytest.mark.slow
 def test_accuracy_table_on_tiny_data(tiny, settings):
-    """Four runs advance in alternating chunks, evaluate after each chunk,
-    and the Estimator chunks resume from the previous chunk's checkpoint."""
+    """Plain Keras and the project's run take turns in their own processes,
+    evaluate, and report curves; the knobs measure."""
     from benchmarks import accuracy_table  # pylint: disable=import-outside-toplevel
 
-    result = accuracy_table.run(settings, path=tiny[0], steps=4, eval_every=2)
+    result = accuracy_table.run(settings, path=tiny[0], steps=6,
+                                runs=["keras_numpy", "project_default", "project_bf16"])
     rows = {row["name"]: row for row in result["rows"]}
-    assert set(rows) == {"estimator_default", "keras_fit_numpy", "estimator_record_shuffle",
-                         "estimator_cached_epoch"}
+    assert set(rows) == {"keras_numpy", "project_default", "project_bf16"}
     for row in rows.values():
-        assert [c["step"] for c in row["curve"]] == [2, 4]
-        assert 0.0 <= row["final_accuracy"] <= 1.0 and row["wall_s"] > 0
-    assert {t["id"] for t in result["targets"]} >= {"accuracy.issue3_default",
-                                                   "accuracy.default_vs_record_shuffle"}
+        assert not row.get("error"), row.get("error")
+        assert row["curve"] and 0.0 <= row["final_accuracy"] <= 1.0 and row["wall_s"] > 0
+        times = [c["active_s"] for c in row["curve"]]
+        assert times == sorted(times)
+    assert [c["step"] for c in rows["project_default"]["curve"]] == [2, 4, 6]
+    assert rows["project_bf16"]["precision"] == "mixed_bfloat16"
+    knobs = {row["name"] for row in result["knobs"]}
+    assert {"mixed_bfloat16", "XLA auto-clustering", "evaluate batch 1024"} <= knobs
+    assert all(row["median"] > 0 for row in result["knobs"]), result["knobs"]
+    assert {t["id"] for t in result["targets"]} >= {"accuracy.best_time_to_091",
+                                                   "accuracy.issue3_default"}
     json.dumps(result)
+
+
+def test_accuracy_targets_from_runs():
+    from benchmarks import accuracy_table  # pylint: disable=import-outside-toplevel
+
+    def row(name, t091, final):
+        return {"name": name, "t091_s": t091, "final_accuracy": final, "step_091": 100}
+
+    rows = [row("keras_numpy", 100.0, 0.926), row("project_default", 95.0, 0.93),
+            row("project_fast", 60.0, 0.928), row("project_sloppy", 50.0, 0.92),
+            row("project_record_shuffle", 90.0, 0.929)]
+    targets = {t["id"]: t for t in accuracy_table.run_targets(rows, 6000)}
+    assert targets["accuracy.project_fast.time_to_091"]["met"] is True
+    assert targets["accuracy.project_default.time_to_091"]["met"] is False
+    assert "0.95" in targets["accuracy.project_default.time_to_091"]["why"]
+    sloppy = targets["accuracy.project_sloppy.time_to_091"]
+    assert sloppy["met"] is False and "0.92 < 0.925" in sloppy["why"]
+    assert targets["accuracy.best_time_to_091"]["value"] == pytest.approx(0.6)
+    assert targets["accuracy.default_vs_record_shuffle"]["value"] == pytest.approx(0.1)
+    assert targets["accuracy.issue3_vs_keras_accuracy"]["met"] is True
+
+
+def test_accuracy_run_plans_scale_batch_steps_and_evaluation():
+    from benchmarks import accuracy_runs  # pylint: disable=import-outside-toplevel
+
+    plain = accuracy_runs.plan_for("project_default", 6000, 1 / 3, 500)
+    assert (plain["steps"], plain["eval_every"], plain["batch_size"]) == (6000, 2000, 128)
+    big = accuracy_runs.plan_for("project_bf16_b256_warmup", 6000, 1 / 3, 500)
+    assert (big["steps"], big["batch_size"], big["turn"]) == (3000, 256, 250)
+    assert big["learning_rate"] == pytest.approx(1e-3 * 2 ** 0.5)
+    assert big["eval_every"] == 500
+    assert set(accuracy_runs.DEFAULT_RUNS) <= set(accuracy_runs.RUNS)
+
+
+TURNS_CHILD = """
+import sys
+from benchmarks import turns
+clock = turns.Turns()
+clock.start(name="fake")
+for step in range(1, 7):
+    if step % 3 == 0:
+        clock.event(event="eval", step=step, accuracy=step / 10)
+    if step % 2 == 0:
+        clock.pause(step)
+clock.done(step=6)
+"""
+
+
+def test_turns_children_take_turns():
+    from benchmarks import turns  # pylint: disable=import-outside-toplevel
+
+    children = [turns.Child(f"c{i}", [sys.executable, "-c", TURNS_CHILD], env=child_env())
+                for i in range(2)]
+    try:
+        assert [c.read()["name"] for c in children] == ["fake", "fake"]
+        log = []
+        while not all(c.finished for c in children):
+            for c in children:
+                if not c.finished:
+                    log.append((c.name, [e["event"] for e in c.turn()]))
+        assert log[:2] == [("c0", ["pause"]), ("c1", ["pause"])]
+        assert log[2] == ("c0", ["eval", "pause"])
+        assert [name for name, events in log if events[-1] == "done"] == ["c0", "c1"]
+    finally:
+        for c in children:
+            c.close()
+
+
+def test_turns_server_answers_and_reports_errors():
+    from benchmarks import turns  # pylint: disable=import-outside-toplevel
+
+    code = ("from benchmarks import turns\n"
+            "turns.serve({'double': lambda m: {'value': 2 * m['x']},"
+            " 'fail': lambda m: 1 / 0}, kind='test')\n")
+    child = turns.Child("server", [sys.executable, "-c", code], env=child_env())
+    try:
+        assert child.read()["kind"] == "test"
+        assert child.request({"op": "double", "x": 21})["value"] == 42
+        with pytest.raises(turns.ChildError, match="ZeroDivisionError"):
+            child.request({"op": "fail"})
+    finally:
+        child.close()
+
+
+@pytest.mark.slow
+def test_shapes_table_quick(tmp_path):
+    from benchmarks import shapes_table  # pylint: disable=import-outside-toplevel
+
+    settings = common.Settings(data_dir=str(tmp_path / "data"), quick=True, repeats=1,
+                               workdir=str(tmp_path / "work"))
+    result = shapes_table.run(settings, steps=4, examples=64)
+    row = result["rows"][0]
+    assert not row.get("error"), row.get("error")
+    assert 0.0 <= row["mean_iou"] <= 1.0 and 0.0 <= row["pixel_accuracy"] <= 1.0
+    assert row["global_step"] == 4
+    assert result["targets"][0]["id"] == "shapes.mean_iou"
+
+
+@pytest.mark.slow
+def test_cluster_table_quick(tiny, settings):
+    from benchmarks import cluster_table  # pylint: disable=import-outside-toplevel
+
+    result = cluster_table.run(settings, batches=(16,), steps=6)
+    rows = {row["name"]: row for row in result["rows"]}
+    assert set(rows) == {"batch 16: one process", "batch 16: chief + 1 worker"}
+    for row in rows.values():
+        assert not row.get("error"), row.get("error")
+        assert row["median"] > 0
+    assert rows["batch 16: chief + 1 worker"]["replicas"] == 2
+    assert result["targets"][0]["value"] > 0
+
+
+def test_plots_and_report(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import plots, report  # pylint: disable=import-outside-toplevel
+
+    curve = [{"step": 100, "active_s": 10.0, "accuracy": 0.85},
+             {"step": 200, "active_s": 20.0, "accuracy": 0.92}]
+    results = {"tables": {
+        "accuracy": {"table": "accuracy", "rows": [
+            {"name": "keras_numpy", "curve": curve, "final_accuracy": 0.92},
+            {"name": "project_default", "curve": curve, "final_accuracy": 0.92}],
+            "columns": ["name", "final_accuracy"],
+            "targets": [common.target("a.t", "time", 0.8, 0.7, op="<=")]},
+        "input": {"table": "input", "unit": "examples/s", "rows": [
+            {"name": "default", "median": 3e5, "min": 2e5, "max": 4e5, "group": "baseline"},
+            {"name": "pkg cache=True", "median": 5e6, "min": 4e6, "max": 6e6, "group": "knob"}],
+            "memory": [{"name": "cache=True", "rss_mb": [400.0, 450.0, 450.0], "growth": 0.0,
+                        "cache_mb": 50.0, "cache_estimate_mb": 47.0}],
+            "targets": [common.target("i.t", "rate", 5e6, 1e6)]}}}
+    written = plots.write_plots(results, str(tmp_path), prefix="x-")
+    assert sorted(os.path.basename(p) for p in written) == ["x-" + plots.ACCURACY_PNG,
+                                                            "x-" + plots.INPUT_PNG]
+    for path in written:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    text = report.glance_markdown(results)
+    assert "| accuracy | time | 0.8 | <= 0.7 | **not met** | measured 0.8, needs <= 0.7" in text
+    assert "| input | rate |" in text and "**met**" in text
+    table = report.table_markdown(results["tables"]["input"])
+    assert "| cache=True | 400, 450, 450 | 0 | 50.00 | 47.00 |" in table
 
 
 def test_generated_source_is_deterministic_and_picklable():
@@ -298,7 +455,11 @@ def test_run_alternating_interleaves_the_reference_and_local_ratio_sees_through_
 
 def test_targets_and_formatting():
     assert common.target("a", "x", 1.2, 1.0)["met"] is True
-    assert common.target("a", "x", 0.2, 0.1, op="<")["met"] is False
+    assert "why" not in common.target("a", "x", 1.2, 1.0)
+    missed = common.target("a", "x", 0.2, 0.1, op="<", why="too much")
+    assert missed["met"] is False
+    assert missed["why"] == "measured 0.2, needs < 0.1 (100.0% over); too much"
+    assert common.target("a", "x", None, 1.0, why="crashed")["why"] == "not measured: crashed"
     assert common.target("a", "x", 0.3, 0.3, op="<=")["met"] is True
     assert common.target("a", "x", None, 1.0)["met"] is None
     text = common.format_table({
@@ -336,6 +497,10 @@ def test_cli_rejects_unknown_table():
     from benchmarks import cli  # pylint: disable=import-outside-toplevel
     with pytest.raises(SystemExit):
         cli.parse_tables("input,nope")
+    assert cli.parse_tables("all") == list(cli.TABLES)
+    assert {"keras", "accuracy", "shapes", "cluster"} <= set(cli.TABLES)
+    assert cli.environment_of() in ("estimator", "keras")
+
 
 
 def test_engine_matrix_runs_a_case_and_reports_it():

@@ -48,7 +48,7 @@ def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_data, tmp_path):
 
     # evaluate and export work from the latest checkpoint of the model dir.
     rc, out, err = cli("evaluate", "fashion_mnist_cnn", "--data-dir", fashion_data,
-                       "--model-dir", model_dir)
+                       "--model-dir", model_dir, "--json")
     assert rc == 0, err[-2000:]
     assert abs(json.loads(out)["accuracy"] - accuracy) < 1e-4
     rc, out, err = cli("export", "fashion_mnist_cnn", "--model-dir", model_dir,

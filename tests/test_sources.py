@@ -236,41 +236,7 @@ def test_find_idx_files_name_variants_and_missing(tmp_path):
 KERAS_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/"
 
 
-def test_download_fashion_mnist_requests_keras_urls(tmp_path):
-    calls = []
-
-    def fake_get_file(fname, origin, cache_dir, cache_subdir, **kwargs):
-        calls.append((fname, origin, cache_subdir, kwargs))
-        return os.path.join(cache_subdir, fname)
-
-    with mock.patch.object(tf.keras.utils, "get_file", side_effect=fake_get_file):
-        assert download_idx("fashion_mnist", tmp_path) == str(tmp_path)
-    names = ["train-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
-             "t10k-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz"]
-    assert [c[1] for c in calls] == [KERAS_URL + n for n in names]
-    assert all(c[2] == str(tmp_path) for c in calls)
-
-
-def test_download_mnist_converts_npz_to_idx(tmp_path):
-    rng = np.random.default_rng(3)
-    arrays = {"x_train": rng.integers(0, 256, (5, 28, 28), dtype=np.uint8),
-              "y_train": rng.integers(0, 10, 5).astype(np.uint8),
-              "x_test": rng.integers(0, 256, (3, 28, 28), dtype=np.uint8),
-              "y_test": rng.integers(0, 10, 3).astype(np.uint8)}
-
-    def fake_get_file(fname, origin, cache_dir, cache_subdir, file_hash=None):
-        assert origin == KERAS_URL + "mnist.npz" and file_hash
-        path = os.path.join(cache_subdir, fname)
-        np.savez(path, **arrays)
-        return path
-
-    with mock.patch.object(tf.keras.utils, "get_file", side_effect=fake_get_file) as m:
-        download_idx("mnist", str(tmp_path))
-    assert m.call_count == 1
-    for split, prefix in (("train", "train"), ("test", "test")):
-        images, labels = find_idx_files(str(tmp_path), split)
-        np.testing.assert_array_equal(read_idx(images), arrays[f"x_{prefix}"])
-        np.testing.assert_array_equal(read_idx(labels), arrays[f"y_{prefix}"])
+# The URLs and the npz conversion, with hashes checked: tests/test_caches.py.
 
 
 def test_download_failure_is_a_data_error_with_advice(tmp_path):
@@ -412,6 +378,42 @@ def test_image_folder_errors_name_the_culprit(tmp_path):
         source.read(np.array([1]))
     with pytest.raises(UsageError):
         ImageFolderSource(str(root), channels=2)
+
+
+def test_gif_and_bmp_probe_decode_and_join_an_image_folder(tmp_path):
+    from user_data import bmp_bytes, gif_bytes  # pylint: disable=import-outside-toplevel
+    from estimator_keras.sources import images as image_files  # pylint: disable=import-outside-toplevel
+
+    grey, rgb = _rgb(3, 9, 7, 1), _rgb(4, 9, 7)
+    palette = np.random.default_rng(5).integers(0, 256, (256, 3), dtype=np.uint8)
+    files = {"grey.gif": gif_bytes(grey), "grey.bmp": bmp_bytes(grey),
+             "rgb.bmp": bmp_bytes(rgb), "palette.bmp": bmp_bytes(grey, palette=palette)}
+    want = {"grey.gif": np.repeat(grey, 3, 2), "grey.bmp": grey, "rgb.bmp": rgb,
+            "palette.bmp": palette[grey[..., 0]]}  # the colours, not the indices
+    for name, data in files.items():
+        info = image_files.inspect_image(data)
+        assert (info.fmt, info.size) == (name[-3:], (9, 7))
+        assert info.grey == name.startswith("grey")
+        np.testing.assert_array_equal(image_files.decode_pixels(data, want[name].shape[2]),
+                                      want[name])
+    # Converting channels: grey made RGB copies it, RGB made grey is one channel.
+    assert image_files.decode_pixels(files["rgb.bmp"], 1).shape == (9, 7, 1)
+    with pytest.raises(image_files.BadImage, match="4 bits per pixel"):
+        image_files.probe_bytes(files["rgb.bmp"][:28] + b"\x04\x00" + files["rgb.bmp"][30:])
+    with pytest.raises(image_files.BadImage, match="decoding failed: "):
+        image_files.inspect_image(files["grey.gif"][:-40])
+
+    # In a class folder they are re-encoded as PNG (TF decodes them, but they
+    # are not stored byte for byte).
+    for name, data in files.items():
+        _write(str(tmp_path / ("a" if name.startswith("grey") else "b") / name), data)
+    source = ImageFolderSource(str(tmp_path))
+    assert source.features["image"].encoding == "png"
+    batch = source.read(np.arange(4))
+    names = ["grey.bmp", "grey.gif", "palette.bmp", "rgb.bmp"]
+    for data, name in zip(batch["image"], names):
+        np.testing.assert_array_equal(_decode(data), want[name] if want[name].shape[2] == 3
+                                      else np.repeat(want[name], 3, 2))
 
 
 # --------------------------------------------------------------------------

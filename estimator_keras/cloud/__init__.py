@@ -1,23 +1,33 @@
-"""Run an experiment as a Vertex AI CustomJob or a Kubeflow TFJob.
+"""Run an experiment as a Vertex AI CustomJob or HyperparameterTuningJob, or a Kubeflow TFJob.
 
 Import the module you need; this package file imports nothing.
 
 * :mod:`~estimator_keras.cloud.spec` -- :class:`JobSpec` (what to run, on which
-  machines) and its validation, :func:`parse_accelerator`, the GPU types,
-  machine type and prebuilt training images. TF-free.
-* :mod:`~estimator_keras.cloud.vertex` -- :func:`build_custom_job`, the Vertex
-  AI ``CustomJob`` request body. TF-free.
+  machines, from which image) and its validation, :func:`parse_accelerator`, the
+  GPU types, machine type and the prebuilt training image per engine. TF-free.
+* :mod:`~estimator_keras.cloud.space` -- the search space in Vertex AI's
+  vocabulary (:func:`load_space`) and a :class:`Study` over it: trial values for
+  local ``tune``, the ``studySpec`` for Vertex. TF-free.
+* :mod:`~estimator_keras.cloud.vertex` -- :func:`build_custom_job` and
+  :func:`build_tuning_job`, the Vertex AI request bodies (pythonPackageSpec or
+  containerSpec pools). TF-free.
 * :mod:`~estimator_keras.cloud.tfjob` -- :func:`build_tfjob_manifest`, a
   Kubeflow ``TFJob``, and :func:`to_yaml`. TF-free.
-* :mod:`~estimator_keras.cloud.packaging` -- building the sdist a Vertex job
-  installs (:func:`build_sdist`, :func:`expected_sdist_name`).
+* :mod:`~estimator_keras.cloud.packaging` -- building the sdists a Vertex job
+  installs, offline (:func:`build_sdist`, with the requirements its image lacks;
+  :func:`build_package_sdist` for the user's own package;
+  :func:`expected_sdist_name`).
 * :mod:`~estimator_keras.cloud.backends` -- :class:`Submitter` (the ``gcloud``
   CLI or the ``google-cloud-aiplatform`` SDK) and the ``gcloud`` command lines.
-* :mod:`~estimator_keras.cloud.submission` -- :func:`submit`: package, upload
-  and create a job, or only show what would be done.
+* :mod:`~estimator_keras.cloud.submission` -- :func:`submit`: package (this
+  project and the user's ``package_dirs``), upload the sdists and a local
+  config file, and create a job, or only show what would be done.
 * :mod:`~estimator_keras.cloud.jobenv` -- the job side:
   :func:`resolve_vertex_environment` (directories from ``--model-dir`` or the
-  ``AIP_*`` variables) and :func:`copy_to_remote`.
+  ``AIP_*`` variables, and whether the export is laid out flat for Vertex
+  Model Registry) and :func:`copy_to_remote`.
+* :mod:`~estimator_keras.cloud.hypertune` -- the job side of a tuning trial:
+  :func:`report` of the final metric (``cloudml-hypertune`` or its file format).
 
 Nothing here prints; failures raise :class:`~estimator_keras.errors.CloudError`
 (something could not be prepared or sent) or
@@ -35,8 +45,14 @@ Sources for field names, images and formats (read 2026):
   https://cloud.google.com/vertex-ai/docs/training/distributed-training
 * MachineSpec.acceleratorType values:
   https://cloud.google.com/vertex-ai/docs/reference/rest/v1/MachineSpec
-* prebuilt TensorFlow 2.15 training images (tf-cpu.2-15.py310 / tf-gpu.2-15.py310):
-  https://cloud.google.com/vertex-ai/docs/training/pre-built-containers
+* prebuilt TensorFlow training images and their end-of-support dates (see
+  :mod:`~estimator_keras.cloud.spec`):
+  https://cloud.google.com/vertex-ai/docs/supported-frameworks-list
+* containerSpec (imageUri, command, args):
+  https://cloud.google.com/vertex-ai/docs/training/configure-container-settings
+* HyperparameterTuningJob, StudySpec and how trials get their values (see
+  :mod:`~estimator_keras.cloud.space`):
+  https://cloud.google.com/vertex-ai/docs/training/using-hyperparameter-tuning
 * ``gcloud ai custom-jobs create`` (``--display-name`` required, ``--config`` is a
   YAML ``CustomJobSpec`` with camelCase keys):
   https://cloud.google.com/sdk/gcloud/reference/ai/custom-jobs/create

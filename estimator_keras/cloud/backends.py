@@ -1,9 +1,17 @@
 """How a job reaches Vertex AI: :class:`Submitter` and the ``gcloud`` command lines.
 
-:class:`Submitter` uploads files and creates CustomJobs through the ``gcloud``
-CLI when it is on PATH, else through the ``google-cloud-aiplatform`` SDK.
-:func:`gcloud_upload_command` and :func:`gcloud_create_command` build the
+:class:`Submitter` uploads files and creates CustomJobs and
+HyperparameterTuningJobs through the ``gcloud`` CLI when it is on PATH, else
+through the ``google-cloud-aiplatform`` SDK. :func:`gcloud_upload_command`,
+:func:`gcloud_create_command` and :func:`gcloud_tuning_command` build the
 argument lists both a real run and a dry run show.
+
+``gcloud ai custom-jobs create``:
+https://cloud.google.com/sdk/gcloud/reference/ai/custom-jobs/create;
+``gcloud ai hp-tuning-jobs create`` (``--config`` is a YAML
+HyperparameterTuningJob: displayName, maxTrialCount, parallelTrialCount,
+studySpec, trialJobSpec):
+https://cloud.google.com/sdk/gcloud/reference/ai/hp-tuning-jobs/create
 """
 
 import json
@@ -33,19 +41,31 @@ def _pool_flag(pool: Mapping[str, Any]) -> str:
     if not pool:
         return "--worker-pool-spec="
     machine = pool["machineSpec"]
-    package = pool["pythonPackageSpec"]
     items = [("machine-type", machine["machineType"]),
              ("replica-count", pool["replicaCount"])]
     if machine.get("acceleratorType"):
         items += [("accelerator-type", machine["acceleratorType"]),
                   ("accelerator-count", machine["acceleratorCount"])]
-    items += [("executor-image-uri", package["executorImageUri"]),
-              ("python-module", package["pythonModule"])]
+    if "containerSpec" in pool:
+        items += [("container-image-uri", pool["containerSpec"]["imageUri"])]
+    else:
+        package = pool["pythonPackageSpec"]
+        items += [("executor-image-uri", package["executorImageUri"]),
+                  ("python-module", package["pythonModule"])]
     for key, value in items:
         if any(c in str(value) for c in ",="):
             raise CloudError("Cannot pass %s=%r to gcloud --worker-pool-spec: the value "
                              "contains ',' or '='." % (key, value))
     return "--worker-pool-spec=" + ",".join("%s=%s" % kv for kv in items)
+
+
+def _pool_program(pool: Mapping[str, Any]) -> Dict[str, Any]:
+    """What a pool runs, without its machines: the part gcloud's flags share."""
+    if "containerSpec" in pool:
+        return {"command": pool["containerSpec"]["command"],
+                "args": pool["containerSpec"]["args"]}
+    return {"packageUris": pool["pythonPackageSpec"]["packageUris"],
+            "args": pool["pythonPackageSpec"]["args"]}
 
 
 def _gcloud_list(values: Sequence[str], flag: str) -> str:
@@ -78,18 +98,42 @@ def gcloud_create_command(request: Mapping[str, Any], project: str, region: str,
             "--display-name=" + request["displayName"]]
     if all(pools):
         return argv + ["--config=" + config_path, "--format=json"], job_spec
-    used = [p["pythonPackageSpec"] for p in pools if p]
-    if any(p["packageUris"] != used[0]["packageUris"] or p["args"] != used[0]["args"]
-           for p in used):
-        raise CloudError("gcloud can only give every worker pool the same packages and "
+    used = [_pool_program(p) for p in pools if p]
+    if any(p != used[0] for p in used):
+        raise CloudError("gcloud can only give every worker pool the same program and "
                          "args when a pool is empty; this request differs per pool.")
     config = {k: v for k, v in job_spec.items() if k != "workerPoolSpecs"}
     argv += ["--config=" + config_path]
     argv += [_pool_flag(p) for p in pools]
-    argv += [_gcloud_list(used[0]["packageUris"], "--python-package-uris"),
-             _gcloud_list(used[0]["args"], "--args"),
-             "--format=json"]
+    if "command" in used[0]:
+        argv += [_gcloud_list(used[0]["command"], "--command")]
+    else:
+        argv += [_gcloud_list(used[0]["packageUris"], "--python-package-uris")]
+    argv += [_gcloud_list(used[0]["args"], "--args"), "--format=json"]
     return argv, config
+
+
+def gcloud_tuning_command(request: Mapping[str, Any], project: str, region: str,
+                          config_path: str) -> Tuple[List[str], Dict[str, Any]]:
+    """``gcloud ai hp-tuning-jobs create`` for ``request``: (argument list, --config content).
+
+    The config file holds the whole HyperparameterTuningJob. gcloud has no
+    worker-pool flags for tuning jobs and rejects an empty pool inside
+    ``--config``, so a request with an unused pool between used ones (``--ps``
+    without ``--workers``) raises CloudError; the SDK backend takes it.
+    """
+    pools = request["trialJobSpec"]["workerPoolSpecs"]
+    if not all(pools):
+        raise CloudError(
+            "gcloud cannot create this tuning job: its trials have an unused worker pool "
+            "between used ones (parameter servers without workers), which gcloud's "
+            "--config rejects. Add --workers 1, or submit through the Vertex AI SDK "
+            "(pip install google-cloud-aiplatform; Submitter(backend='sdk')).")
+    argv = ["gcloud", "ai", "hp-tuning-jobs", "create",
+            "--project=" + project, "--region=" + region,
+            "--display-name=" + request["displayName"],
+            "--config=" + config_path, "--format=json"]
+    return argv, dict(request)
 
 
 _AUTH_MARKERS = ("gcloud auth login", "active account", "auth tokens",
@@ -216,12 +260,26 @@ class Submitter:
         Returns the created job as far as the backend reports it; ``name`` is the
         job's resource name.
         """
-        what = "creating the Vertex AI custom job %r" % request.get("displayName")
+        return self._create("custom", request, project, region)
+
+    def create_tuning_job(self, request: Mapping[str, Any], project: str,
+                          region: str) -> Dict[str, Any]:
+        """Create the HyperparameterTuningJob ``request`` in ``project``/``region``.
+
+        Returns the created job as far as the backend reports it; ``name`` is the
+        job's resource name.
+        """
+        return self._create("tuning", request, project, region)
+
+    def _create(self, kind: str, request: Mapping[str, Any], project: str,
+                region: str) -> Dict[str, Any]:
+        noun, command, config_name = _JOB_KINDS[kind]
+        what = "creating the Vertex AI %s %r" % (noun, request.get("displayName"))
         if self.backend == "gcloud":
             workdir = io.new_dir(tempfile.gettempdir(), "vertex-job-")
             try:
-                config_path = io.join(workdir, "job_spec.json")
-                argv, config = gcloud_create_command(request, project, region, config_path)
+                config_path = io.join(workdir, config_name)
+                argv, config = command(request, project, region, config_path)
                 io.atomic_write(config_path, json.dumps(config, indent=2))
                 proc = _run_gcloud(argv, what)
             finally:
@@ -231,19 +289,43 @@ class Submitter:
             except ValueError:
                 return {"output": (proc.stdout or "").strip()}
         aiplatform, _ = self._import_sdk()
-        job_spec = request["jobSpec"]
-        base_dir = job_spec.get("baseOutputDirectory", {}).get("outputUriPrefix")
         try:
-            job = aiplatform.CustomJob(
-                display_name=request["displayName"],
-                worker_pool_specs=_snake_case(job_spec["workerPoolSpecs"]),
-                base_output_dir=base_dir, staging_bucket=base_dir,
-                project=project, location=region)
-            if hasattr(job, "submit"):
-                job.submit()
+            if kind == "custom":
+                name = _sdk_custom_job(aiplatform, request, project, region)
             else:
-                job.run(sync=False)
-            name = job.resource_name
+                name = _sdk_tuning_job(aiplatform, request, project, region)
         except Exception as exc:  # pylint: disable=broad-except
             raise _sdk_error(exc, what) from exc
         return {"name": name, "displayName": request["displayName"]}
+
+
+def _sdk_custom_job(aiplatform, request, project, region) -> str:
+    job_spec = request["jobSpec"]
+    base_dir = job_spec.get("baseOutputDirectory", {}).get("outputUriPrefix")
+    job = aiplatform.CustomJob(
+        display_name=request["displayName"],
+        worker_pool_specs=_snake_case(job_spec["workerPoolSpecs"]),
+        base_output_dir=base_dir, staging_bucket=base_dir,
+        project=project, location=region)
+    if hasattr(job, "submit"):
+        job.submit()
+    else:
+        job.run(sync=False)
+    return job.resource_name
+
+
+def _sdk_tuning_job(aiplatform, request, project, region) -> str:
+    # The SDK's HyperparameterTuningJob class wants its own parameter objects;
+    # the API client takes the request as it is.
+    client = aiplatform.gapic.JobServiceClient(
+        client_options={"api_endpoint": "%s-aiplatform.googleapis.com" % region})
+    job = client.create_hyperparameter_tuning_job(
+        parent="projects/%s/locations/%s" % (project, region),
+        hyperparameter_tuning_job=_snake_case(dict(request)))
+    return job.name
+
+
+# kind -> (what it is called, the gcloud command builder, its --config file name)
+_JOB_KINDS = {"custom": ("custom job", gcloud_create_command, "job_spec.json"),
+              "tuning": ("hyperparameter tuning job", gcloud_tuning_command,
+                         "hptuning_job.json")}

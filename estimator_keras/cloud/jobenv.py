@@ -4,6 +4,24 @@
 from ``--model-dir`` or the ``AIP_*`` variables Vertex AI sets;
 :func:`copy_to_remote` copies local files or trees to Cloud Storage. TF-free at
 import: :mod:`estimator_keras.io` loads TensorFlow only for remote paths.
+
+What Vertex AI sets when a job has ``baseOutputDirectory`` B (CustomJobSpec's
+``baseOutputDirectory`` field,
+https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec, read 2026):
+
+* a CustomJob: ``AIP_MODEL_DIR`` = B/model/, ``AIP_CHECKPOINT_DIR`` =
+  B/checkpoints/, ``AIP_TENSORBOARD_LOG_DIR`` = B/logs/;
+* the CustomJob of a HyperparameterTuningJob trial: the same under
+  B/<trial_id>/ (each trial's base output directory is a subfolder named after
+  the trial id).
+
+Vertex Model Registry imports a model from the folder it is given (the artifact
+URI), and its prebuilt TensorFlow serving containers expect a SavedModel there,
+``saved_model.pb`` by that exact name: https://cloud.google.com/vertex-ai/docs/general/import-model
+and https://cloud.google.com/vertex-ai/docs/training/exporting-model-artifacts.
+So the final export goes to AIP_MODEL_DIR flat.
+TensorBoard event files belong in AIP_TENSORBOARD_LOG_DIR, which Vertex AI
+TensorBoard reads: https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training.
 """
 
 import logging
@@ -18,40 +36,42 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_vertex_environment(model_dir: Optional[str] = None,
-                               env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+                               env: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
     """Directories a training run should use, from ``--model-dir`` or Vertex's AIP_* vars.
-
-    Vertex sets, when the job has a base output directory B: ``AIP_MODEL_DIR`` =
-    B/model/ (where the final, servable model belongs), ``AIP_CHECKPOINT_DIR`` =
-    B/checkpoints/ and ``AIP_TENSORBOARD_LOG_DIR`` = B/logs/.
 
     Mapping (keys of the result):
 
-    * ``model_dir`` -- the Estimator's model_dir (checkpoints and event files):
-      ``model_dir`` when given (it wins over everything), else
-      ``AIP_CHECKPOINT_DIR``, else the parent of ``AIP_MODEL_DIR`` (B).
-    * ``checkpoint_dir`` -- same as ``model_dir``: an Estimator checkpoints there.
-    * ``tensorboard_dir`` -- with an explicit ``model_dir``, that folder (the
-      Estimator's summaries are there); else ``AIP_TENSORBOARD_LOG_DIR`` when set,
+    * ``model_dir`` -- where training checkpoints: ``model_dir`` when given (it
+      wins over everything), else ``AIP_CHECKPOINT_DIR``, else the parent of
+      ``AIP_MODEL_DIR`` (the base output directory).
+    * ``checkpoint_dir`` -- same as ``model_dir``.
+    * ``tensorboard_dir`` -- where event files go: with an explicit
+      ``model_dir``, that folder; else ``AIP_TENSORBOARD_LOG_DIR`` when set,
       else ``model_dir``.
-    * ``export_dir`` -- where to write the final exported model: with an explicit
-      ``model_dir``, ``<model_dir>/export``; else ``AIP_MODEL_DIR`` when set, else
-      ``<model_dir>/export``.
+    * ``export_dir`` -- where the final export goes: with an explicit
+      ``model_dir``, ``<model_dir>/export``; else ``AIP_MODEL_DIR`` when set,
+      else ``<model_dir>/export``.
+    * ``flat_export`` -- True on Vertex: the export is laid out as Vertex Model
+      Registry imports it, ``saved_model.pb`` (and ``variables/``) at the root
+      of ``export_dir`` with ``model.h5``, ``weights.h5`` and ``export.json``
+      beside it; False with ``--model-dir`` (``export_dir/saved_model/``).
     * ``source`` -- ``"flag"`` or ``"vertex"``.
 
     Trailing slashes are removed. Raises ConfigError when neither ``model_dir``
     nor any AIP_* directory is available.
 
-    >>> resolve_vertex_environment(env={"AIP_MODEL_DIR": "gs://b/j/model/",
+    >>> dirs = resolve_vertex_environment(env={"AIP_MODEL_DIR": "gs://b/j/model/",
     ...     "AIP_CHECKPOINT_DIR": "gs://b/j/checkpoints/",
-    ...     "AIP_TENSORBOARD_LOG_DIR": "gs://b/j/logs/"})["model_dir"]
-    'gs://b/j/checkpoints'
+    ...     "AIP_TENSORBOARD_LOG_DIR": "gs://b/j/logs/"})
+    >>> dirs["model_dir"], dirs["export_dir"], dirs["flat_export"]
+    ('gs://b/j/checkpoints', 'gs://b/j/model', True)
     """
     env = os.environ if env is None else env
     if model_dir:
         base = model_dir.rstrip("/") or model_dir
         return {"model_dir": base, "checkpoint_dir": base, "tensorboard_dir": base,
-                "export_dir": io.join(base, "export"), "source": "flag"}
+                "export_dir": io.join(base, "export"), "flat_export": False,
+                "source": "flag"}
     aip_model = (env.get("AIP_MODEL_DIR") or "").strip()
     aip_ckpt = (env.get("AIP_CHECKPOINT_DIR") or "").strip()
     aip_logs = (env.get("AIP_TENSORBOARD_LOG_DIR") or "").strip()
@@ -68,6 +88,7 @@ def resolve_vertex_environment(model_dir: Optional[str] = None,
         "checkpoint_dir": base,
         "tensorboard_dir": aip_logs.rstrip("/") if aip_logs else base,
         "export_dir": aip_model.rstrip("/") if aip_model else io.join(base, "export"),
+        "flat_export": bool(aip_model),
         "source": "vertex",
     }
 

@@ -3,13 +3,31 @@
 Also the values every request builder shares: the accelerator syntax
 (:func:`parse_accelerator`, :data:`VERTEX_GPU_TYPES`), the default machine
 type, the module a job runs (:data:`PYTHON_MODULE`) and the prebuilt training
-images (:func:`prebuilt_image`). TF-free.
+images per engine (:func:`prebuilt_image`, :data:`PREBUILT_TF_VERSIONS`,
+:data:`KERAS_IMAGE_REQUIRES`). TF-free.
+
+Prebuilt training images, from Google's list of supported frameworks for
+custom training (read 2026):
+https://cloud.google.com/vertex-ai/docs/supported-frameworks-list, also at
+https://docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/supported-frameworks
+
+* ``tf-cpu.2-15.py310`` / ``tf-gpu.2-15.py310``: TensorFlow 2.15, which still
+  has ``tf.estimator``; end of patch and support Nov 14, 2024, end of
+  availability Nov 14, 2025.
+* ``tf-cpu.2-17.py310`` / ``tf-gpu.2-17.py310``: TensorFlow 2.17, the newest
+  TensorFlow training image listed; end of patch and support Jul 11, 2025, end of
+  availability Jul 11, 2026. Its PyPI packages are ``tensorflow 2.17.x`` and
+  ``cloudml-hypertune``, without ``tf-keras``, so the sdist a keras-engine job
+  installs requires ``tf-keras~=2.17.0`` (:data:`KERAS_IMAGE_REQUIRES`).
+
+Each image is published in us-, europe- and asia-docker.pkg.dev.
 """
 
 import dataclasses
 import re
 from typing import List, Optional, Tuple
 
+from estimator_keras import io
 from estimator_keras.errors import ConfigError
 
 DEFAULT_MACHINE_TYPE = "n1-standard-8"
@@ -40,13 +58,26 @@ VERTEX_GPU_TYPES = (
 )
 _TPU_TYPES = ("TPU_V2", "TPU_V3", "TPU_V4_POD", "TPU_V5_LITEPOD")
 
-_IMAGE_TEMPLATE = "{host}/vertex-ai/training/tf-{kind}.2-15.py310:latest"
+ENGINES = ("auto", "estimator", "keras")
+
+PREBUILT_TF_VERSIONS = {"estimator": "2-15", "keras": "2-17"}
+"""TensorFlow version of the prebuilt executor image per engine: ``tf.estimator``
+ends with TensorFlow 2.15; the keras engine takes the newest image Google lists.
+``auto`` gets the estimator's image, where ``auto`` picks the estimator."""
+
+KERAS_IMAGE_REQUIRES = ("tf-keras~=2.17.0",)
+"""What the keras engine needs beyond the TensorFlow 2.17 image: Keras 2 as
+``tf.keras`` (the image's own Keras is Keras 3). tf-keras 2.17 requires the
+``tensorflow`` 2.17 that the image has."""
+
+_IMAGE_TEMPLATE = "{host}/vertex-ai/training/tf-{kind}.{version}.py310:latest"
 
 _ACCELERATOR_RE = re.compile(r"^\s*([A-Za-z0-9_]+)\s*:\s*([0-9]+)\s*$")
 _GCS_RE = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/.*)?$")
 _PROJECT_RE = re.compile(r"^([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION_RE = re.compile(r"^[a-z]+(-[a-z]+)+[0-9]+$")
 _EXAMPLE_ACCELERATOR = "NVIDIA_TESLA_T4:1"
+_MODULE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def parse_accelerator(text: str) -> Tuple[str, int]:
@@ -121,7 +152,10 @@ class JobSpec:
     experiment: str
     """Experiment name passed to ``train`` (e.g. ``fashion_mnist_cnn``)."""
     job_dir: str
-    """gs:// directory of the job: model in <job_dir>/model, package in <job_dir>/packages."""
+    """gs:// directory of the job, Vertex's base output directory: Vertex sets
+    AIP_MODEL_DIR=<job_dir>/model/ (the export), AIP_CHECKPOINT_DIR=<job_dir>/checkpoints/
+    and AIP_TENSORBOARD_LOG_DIR=<job_dir>/logs/; the package goes to <job_dir>/packages.
+    A TFJob trains with --model-dir <job_dir>/model."""
     project: Optional[str] = None
     """Google Cloud project id; required for Vertex AI, unused for a TFJob."""
     region: Optional[str] = None
@@ -139,19 +173,43 @@ class JobSpec:
     display_name: Optional[str] = None
     """Job name shown in the console; defaults to the experiment name."""
     train_args: List[str] = dataclasses.field(default_factory=list)
-    """Extra arguments appended to ``train NAME --model-dir ... --data-dir ...``."""
+    """Extra arguments appended to ``train NAME --data-dir ...``."""
     package_uri: Optional[str] = None
     """gs:// URI of an already uploaded sdist; when unset, submit() builds and uploads one."""
     image: Optional[str] = None
-    """Container image: replaces the prebuilt executor image on Vertex; required for a TFJob."""
+    """Executor image for Vertex's pythonPackageSpec, replacing the prebuilt one;
+    the image of a TFJob (as ``container_image``)."""
     data_dir: Optional[str] = None
     """Where train reads records from; defaults to <job_dir>/data."""
+    engine: str = "auto"
+    """``--engine`` of train; picks the prebuilt image (see :func:`prebuilt_image`)."""
+    container_image: Optional[str] = None
+    """An image with this package installed (the repository's Dockerfile): Vertex
+    runs it with containerSpec and no sdist is built or uploaded."""
+    modules: List[str] = dataclasses.field(default_factory=list)
+    """The user's modules that register experiments and datasets, passed as
+    ``--module MOD`` before ``train``. A job that installs packages imports
+    them by dotted name (from a package in :attr:`package_dirs`); a job run
+    from an image takes whatever the image holds."""
+    package_dirs: List[str] = dataclasses.field(default_factory=list)
+    """Local folders of the user's own packages (``setup.py`` or
+    ``pyproject.toml``): submit() builds each one's sdist and uploads it beside
+    this package's into :attr:`extra_package_uris`."""
+    extra_package_uris: List[str] = dataclasses.field(default_factory=list)
+    """gs:// URIs of the user's uploaded sdists, which the job installs after
+    this package's."""
+    config: Optional[str] = None
+    """train's ``--config`` file: a gs:// URI passed as it is, or a local file
+    that submit() uploads to :attr:`config_uri`. A TFJob passes it as given
+    (the image holds it)."""
 
     def validate(self, for_vertex: bool = False) -> None:
         """Raise ConfigError naming the first invalid field.
 
-        ``for_vertex`` also requires ``project`` and ``region``. Drops trailing
-        slashes from ``job_dir`` and ``data_dir``.
+        ``for_vertex`` also requires ``project`` and ``region``, and module
+        names that a job installing packages can import
+        (:meth:`check_package_modules`). Drops trailing slashes from
+        ``job_dir`` and ``data_dir``.
         """
         if not isinstance(self.experiment, str) or not self.experiment.strip():
             raise ConfigError("The experiment NAME must be a non-empty string; got %r."
@@ -196,38 +254,143 @@ class JobSpec:
             if flag in ("--model-dir", "--data-dir"):
                 raise ConfigError(
                     "train_args must not contain %s: the job sets it from --job-dir "
-                    "(model in <job_dir>/model) or --data-dir." % flag)
+                    "(Vertex's AIP_* directories under it, or <job_dir>/model for a "
+                    "TFJob) or --data-dir." % flag)
+            if flag in ("--config", "--module"):
+                raise ConfigError(
+                    "train_args must not contain %s: set JobSpec.%s, which puts it where "
+                    "each platform needs it." % (flag, {"--config": "config",
+                                                       "--module": "modules"}[flag]))
         if self.package_uri is not None:
             _check_gs_uri(self.package_uri, "package_uri")
+        if self.engine not in ENGINES:
+            raise ConfigError("--engine must be one of %s; got %r."
+                              % (", ".join(ENGINES), self.engine))
+        if any(a.split("=", 1)[0] == "--engine" for a in self.train_args):
+            raise ConfigError("train_args must not contain --engine: set JobSpec.engine, "
+                              "which also picks the prebuilt image.")
+        for name in ("image", "container_image"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()
+                                      or any(c.isspace() for c in value)):
+                raise ConfigError("--%s must be an image URI such as "
+                                  "us-docker.pkg.dev/PROJECT/REPO/estimator-keras:TAG; got %r."
+                                  % (name.replace("_", "-"), value))
+        if self.image and self.container_image:
+            raise ConfigError(
+                "--image (the executor image that installs the uploaded package) and "
+                "--container-image (an image with the package already installed) "
+                "exclude each other: give one.")
+        self._validate_user_code(for_vertex)
+
+    def _validate_user_code(self, for_vertex: bool) -> None:
+        for name in ("modules", "package_dirs", "extra_package_uris"):
+            value = getattr(self, name)
+            if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, str) and v.strip() for v in value):
+                raise ConfigError("%s must be a list of non-empty strings; got %r."
+                                  % (name, value))
+        for uri in self.extra_package_uris:
+            _check_gs_uri(uri, "extra_package_uris")
+        if self.config is not None and (not isinstance(self.config, str)
+                                        or not self.config.strip()):
+            raise ConfigError("--config must name a YAML or JSON file; got %r." % (self.config,))
+        if self.package_dirs and self.container_image:
+            raise ConfigError(
+                "--package-dir cannot go with --container-image: a job run from an image "
+                "installs nothing, so the image must already contain your code (build "
+                "it into the image and pass --module), or drop --container-image to "
+                "have the packages installed on the prebuilt image.")
+        if for_vertex:
+            self.check_package_modules()
+
+    def check_package_modules(self) -> None:
+        """A job that pip-installs packages imports :attr:`modules` by name:
+        ConfigError for a file or folder path (a containerSpec job, which runs
+        an image, takes any)."""
+        if self.container_image:
+            return
+        for module in self.modules:
+            if module.endswith(".py") or not _MODULE_NAME_RE.match(module):
+                raise ConfigError(
+                    "--module %s is not a dotted module name. A Vertex AI job pip-installs "
+                    "the packages (this one and each --package-dir) and then imports "
+                    "--module by name, so a file or folder path does not exist there: "
+                    "pass the name your package installs, e.g. --module my_experiments "
+                    "(py_modules=['my_experiments'] in its setup.py), or declare the "
+                    "module as an entry point in the group estimator_keras.experiments. "
+                    "With --container-image the image's own paths work." % module)
 
     @property
     def model_dir(self) -> str:
-        """Where train writes checkpoints and exports: ``<job_dir>/model``."""
+        """``<job_dir>/model``: AIP_MODEL_DIR on Vertex, --model-dir of a TFJob."""
         return self.job_dir.rstrip("/") + "/model"
+
+    @property
+    def image_engine(self) -> str:
+        """The engine whose prebuilt image the job runs on (``auto`` -> estimator)."""
+        return "keras" if self.engine == "keras" else "estimator"
+
+    @property
+    def package_requires(self) -> List[str]:
+        """Requirements the uploaded sdist adds for the prebuilt image it runs on."""
+        if self.image_engine == "keras" and not self.image and not self.container_image:
+            return list(KERAS_IMAGE_REQUIRES)
+        return []
+
+    @property
+    def config_uri(self) -> Optional[str]:
+        """Where the job reads :attr:`config`: the gs:// URI as given, or
+        ``<job_dir>/config/<file name>`` for a local file (submit() uploads it)."""
+        if not self.config or self.config.startswith("gs://"):
+            return self.config
+        return "%s/config/%s" % (self.job_dir.rstrip("/"), io.basename(self.config))
 
     @property
     def resolved_data_dir(self) -> str:
         """Where train reads records: ``data_dir`` or ``<job_dir>/data``."""
         return (self.data_dir or self.job_dir.rstrip("/") + "/data").rstrip("/")
 
-    def train_command_args(self) -> List[str]:
-        """Arguments after ``python -m experiments``: ``train NAME --model-dir ...``."""
-        return (["train", self.experiment, "--model-dir", self.model_dir,
-                 "--data-dir", self.resolved_data_dir] + list(self.train_args))
+    def train_command_args(self, with_model_dir: bool = False,
+                           upload_config: bool = True) -> List[str]:
+        """Arguments after ``python -m experiments``: ``[--module MOD ...] train
+        NAME --data-dir ...``.
+
+        Vertex jobs pass no ``--model-dir``: the job follows the AIP_* variables
+        that the base output directory makes Vertex set. ``with_model_dir`` adds
+        ``--model-dir <job_dir>/model`` for platforms without them (a TFJob).
+        ``--config`` is :attr:`config_uri`, or :attr:`config` as given with
+        ``upload_config=False`` (a TFJob, whose image holds the file).
+        """
+        args = [arg for module in self.modules for arg in ("--module", module)]
+        args += ["train", self.experiment]
+        if with_model_dir:
+            args += ["--model-dir", self.model_dir]
+        args += ["--data-dir", self.resolved_data_dir]
+        if self.engine != "auto":
+            args += ["--engine", self.engine]
+        config = self.config_uri if upload_config else self.config
+        if config:
+            args += ["--config", config]
+        return args + list(self.train_args)
 
 
-def prebuilt_image(gpu: bool, region: Optional[str] = None) -> str:
-    """URI of the prebuilt TensorFlow 2.15 training image.
+def prebuilt_image(gpu: bool, region: Optional[str] = None, engine: str = "estimator") -> str:
+    """URI of the prebuilt training image for ``engine`` (TensorFlow 2.15 for the
+    estimator, 2.17 for the keras engine).
 
     Each image is published in us-, europe- and asia-docker.pkg.dev; any of them
     works anywhere, the nearest one starts faster.
 
     >>> prebuilt_image(True, "europe-west4")
     'europe-docker.pkg.dev/vertex-ai/training/tf-gpu.2-15.py310:latest'
+    >>> prebuilt_image(False, "us-central1", engine="keras")
+    'us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest'
     """
     host = "us-docker.pkg.dev"
     if region and region.startswith("europe-"):
         host = "europe-docker.pkg.dev"
     elif region and region.startswith("asia-"):
         host = "asia-docker.pkg.dev"
-    return _IMAGE_TEMPLATE.format(host=host, kind="gpu" if gpu else "cpu")
+    version = PREBUILT_TF_VERSIONS["keras" if engine == "keras" else "estimator"]
+    return _IMAGE_TEMPLATE.format(host=host, kind="gpu" if gpu else "cpu", version=version)

@@ -31,11 +31,15 @@ def build_tfjob_manifest(spec: JobSpec, image: Optional[str] = None,
     Replica specs are Chief (1), Worker, PS and Evaluator, each only when asked for.
     The training-operator injects TF_CONFIG into the container named
     ``tensorflow`` and rejects a replica without one, hence the fixed name. The
-    image must already contain this package (a TFJob does not install sdists).
-    With an accelerator, chief/worker/evaluator containers get
-    ``nvidia.com/gpu`` limits of its count (the type is the cluster's business:
-    node pools, not the manifest). ``runPolicy.cleanPodPolicy: Running`` removes
-    the parameter servers, which never exit on their own, once the chief is done.
+    image must already contain this package (a TFJob does not install sdists):
+    ``image``, else ``spec.container_image``, else ``spec.image``; so must the
+    user's ``spec.modules`` and ``spec.config`` file, which the command names as
+    given. The model dir is ``<job_dir>/model`` (``--model-dir``; Kubeflow sets
+    no AIP_* variables). With an accelerator, chief/worker/evaluator containers
+    get ``nvidia.com/gpu`` limits of its count (the type is the cluster's
+    business: node pools, not the manifest). ``runPolicy.cleanPodPolicy:
+    Running`` removes the parameter servers, which never exit on their own, once
+    the chief is done.
 
     Example::
 
@@ -43,16 +47,24 @@ def build_tfjob_manifest(spec: JobSpec, image: Optional[str] = None,
         print(to_yaml(manifest))
     """
     spec.validate()
-    image = image or spec.image
+    image = image or spec.container_image or spec.image
     if not image:
         raise ConfigError(
-            "A TFJob needs --image: a container image with this package installed "
-            "(for example gcr.io/PROJECT/estimator-keras:TAG).")
+            "A TFJob needs --image or --container-image: a container image with this "
+            "package installed (build one from the repository's Dockerfile; for example "
+            "us-docker.pkg.dev/PROJECT/REPO/estimator-keras:TAG).")
     if restart_policy not in ("OnFailure", "Never", "Always", "ExitCode"):
         raise ConfigError("restart_policy must be OnFailure, Never, Always or ExitCode; "
                           "got %r." % (restart_policy,))
+    if spec.package_dirs or spec.extra_package_uris:
+        raise ConfigError(
+            "A TFJob installs no packages (--package-dir): build your code into the "
+            "image, and pass --module with the module name or path it has there.")
     gpus = parse_accelerator(spec.accelerator)[1] if spec.accelerator else 0
-    command = ["python", "-m", PYTHON_MODULE] + spec.train_command_args()
+    # Kubeflow sets no AIP_* variables: the model dir is passed explicitly. The
+    # image holds the user's modules and config file, at the paths given.
+    command = ["python", "-m", PYTHON_MODULE] + spec.train_command_args(
+        with_model_dir=True, upload_config=False)
 
     def replica(count: int, with_gpu: bool) -> Dict[str, Any]:
         container: Dict[str, Any] = {"name": "tensorflow", "image": image,

@@ -30,9 +30,21 @@ import time
 
 from estimator_keras import io
 from estimator_keras.distribute.tf_config import TRAINING_TYPES, build_tf_config, short_json
-from estimator_keras.errors import EstimatorKerasError, UsageError
+from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
 
 logger = logging.getLogger(__name__)
+
+# Seconds past the preemption grace for a task's process to end after its
+# own watchdog fired (interpreter and TensorFlow teardown).
+PREEMPTION_MARGIN = 5.0
+
+ALL_INTERFACES_WARNING = (
+    "note: TensorFlow's task servers listen on every network interface, not only on "
+    "127.0.0.1: TensorFlow 2.15-2.21 bind the port of each TF_CONFIG address as "
+    "0.0.0.0 (and [::]) and have no setting for the address. Use `cluster` on a "
+    "machine whose ports are firewalled or whose network you trust.")
+"""Logged once per launch: the gRPC servers cannot be kept on loopback."""
 
 
 class ClusterError(EstimatorKerasError):
@@ -94,6 +106,12 @@ class ClusterTimeoutError(ClusterError):
 
 class ClusterInterrupted(ClusterError):
     """The launcher itself received SIGTERM or SIGHUP; every task was stopped."""
+
+
+class ClusterPreempted(ClusterInterrupted, Preempted):
+    """The launcher received SIGTERM, forwarded it, and the training tasks
+    saved a checkpoint and exited with :attr:`Preempted.exit_code` (75):
+    rerunning the same command resumes. The CLI exits 75."""
 
 
 def describe_returncode(returncode):
@@ -246,20 +264,31 @@ def _signal_group(task, sig):
         pass
 
 
-def _stop(tasks, grace):
+def _terminate(tasks, grace):
+    """SIGTERM the running tasks' groups and wait up to ``grace`` s for them."""
+    for t in tasks:
+        if t.proc.poll() is None:
+            t.ended_by_launcher = True
+            _signal_group(t, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while any(t.proc.poll() is None for t in tasks) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def _stop(tasks, grace, preemption_grace=None):
     """SIGTERM the running tasks' groups, SIGKILL what is left after ``grace`` s, reap all.
+
+    With ``preemption_grace`` the chief, workers and evaluator get SIGTERM
+    first and that long to save a checkpoint and exit, while the ps tasks,
+    which hold the variables the chief saves, keep running until then.
 
     SIGKILL always follows: MultiWorkerMirroredStrategy installs its own SIGTERM
     handler, so a task may survive SIGTERM.
     """
     started = [t for t in tasks if t.proc is not None]
-    for t in started:
-        if t.proc.poll() is None:
-            t.ended_by_launcher = True
-            _signal_group(t, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while any(t.proc.poll() is None for t in started) and time.monotonic() < end:
-        time.sleep(0.05)
+    if preemption_grace is not None:
+        _terminate([t for t in started if t.type != "ps"], preemption_grace)
+    _terminate(started, grace)
     for t in started:
         # Also for leaders that exited: their children may still hold the group.
         _signal_group(t, signal.SIGKILL)
@@ -273,6 +302,34 @@ def _stop(tasks, grace):
             _LIVE_GROUPS.pop(t.proc.pid, None)
 
 
+def _preempted(tasks):
+    """True when the chief exited 75 and every other training task 75 or 0."""
+    codes = {t.name: t.poll() for t in tasks if t.type in TRAINING_TYPES}
+    return (codes.get("chief-0") == Preempted.exit_code
+            and all(c in (0, Preempted.exit_code) for c in codes.values()))
+
+
+def _preemption_error(cause, tasks):
+    """ClusterPreempted when the tasks' exit statuses say so, else the
+    ClusterTaskError of the first training task that did not save and exit."""
+    if _preempted(tasks):
+        return ClusterPreempted(
+            f"{cause}; the training tasks saved a checkpoint and exited with status "
+            f"{Preempted.exit_code}. Rerun the same command to resume.")
+    training = [t for t in tasks if t.type in TRAINING_TYPES]
+    failed = [t for t in training if t.poll() not in (0, Preempted.exit_code)]
+    culprit = (failed or [t for t in training if t.poll() != 0] or training)[0]
+    return ClusterTaskError(culprit.name, culprit.poll(), list(culprit.tail),
+                            culprit.log_path)
+
+
+class _TaskPreempted:
+    """What _supervise returns when training tasks exited 75 by themselves."""
+
+    def __init__(self, names):
+        self.names = names
+
+
 class _SignalGuard:
     """Turns SIGTERM/SIGHUP into ClusterInterrupted in the main thread while active."""
 
@@ -281,10 +338,11 @@ class _SignalGuard:
         self.received = None
         self.cleaning = False
 
-    def error(self):
-        return ClusterInterrupted(
-            f"the launcher received {signal.Signals(self.received).name}; all tasks were "
-            f"stopped.")
+    def error(self, tasks=None):
+        name = signal.Signals(self.received).name
+        if tasks is not None and _preempted(tasks):
+            return _preemption_error(f"the launcher received {name} and passed it on", tasks)
+        return ClusterInterrupted(f"the launcher received {name}; all tasks were stopped.")
 
     def _handler(self, signum, frame):
         first = self.received is None
@@ -295,19 +353,16 @@ class _SignalGuard:
             raise self.error()
 
     def __enter__(self):
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            current = signal.getsignal(sig)
-            if current is signal.SIG_IGN:
-                continue  # e.g. nohup: the caller wants this signal ignored
-            self.previous[sig] = current
-            signal.signal(sig, self._handler)
+        if threading.current_thread() is threading.main_thread():
+            # A signal the caller ignores (nohup) stays ignored.
+            self.previous = {sig: signal.signal(sig, self._handler)
+                             for sig in (signal.SIGTERM, signal.SIGHUP)
+                             if signal.getsignal(sig) is not signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         return False
 
 
@@ -325,7 +380,8 @@ def _check_seconds(name, value, allow_zero=False):
 
 def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir=None,
                          timeout=1800.0, host="127.0.0.1", env=None, echo=True,
-                         evaluator_grace=120.0, kill_grace=5.0, tail_lines=20):
+                         evaluator_grace=120.0, kill_grace=5.0, tail_lines=20,
+                         preemption_grace=DEFAULT_GRACE_SECS):
     """Run ``task_command`` once per task of a local cluster and wait for the training.
 
     The cluster is one chief, ``workers`` further workers and ``ps`` parameter
@@ -343,6 +399,14 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     No process outlives this call, whatever happens (error, timeout, Ctrl-C,
     SIGTERM to the launcher; an interpreter exit still SIGKILLs via atexit).
 
+    When the launcher itself gets SIGTERM or SIGHUP (a preemption), it
+    passes SIGTERM on to the chief, workers and evaluator and gives them
+    ``preemption_grace`` + :data:`PREEMPTION_MARGIN` seconds to save a
+    checkpoint and exit before the ps tasks are ended and SIGKILL follows.
+
+    TensorFlow's servers listen on all interfaces whatever ``host`` is (see
+    :data:`ALL_INTERFACES_WARNING`, logged at every launch).
+
     Args:
       task_command: argument list run for every task, e.g.
         ``[sys.executable, "-m", "experiments", "train", "mnist", "--model-dir", d]``.
@@ -358,6 +422,9 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
       evaluator_grace: seconds the evaluator may run after training succeeded.
       kill_grace: seconds between SIGTERM and SIGKILL.
       tail_lines: how many last log lines an error quotes.
+      preemption_grace: seconds the tasks get to checkpoint after the
+        launcher is sent SIGTERM or SIGHUP (pass the tasks' own
+        ``--preemption-grace``).
 
     Returns:
       :class:`ClusterResult`.
@@ -366,8 +433,10 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
       ClusterTaskError: a task (ps and evaluator included) exited non-zero or
         was killed; names the task, its status, log and last lines.
       ClusterTimeoutError: ``timeout`` expired; names the tasks still running.
-      ClusterInterrupted: the launcher got SIGTERM/SIGHUP. KeyboardInterrupt
-        propagates after all tasks are stopped.
+      ClusterPreempted: the launcher got SIGTERM/SIGHUP and the training
+        tasks exited 75 after saving a checkpoint.
+      ClusterInterrupted: the launcher got SIGTERM/SIGHUP otherwise.
+        KeyboardInterrupt propagates after all tasks are stopped.
       UsageError: bad arguments.
     """
     if isinstance(task_command, (str, bytes)) or not task_command or not all(
@@ -382,6 +451,7 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     _check_seconds("timeout", timeout)
     _check_seconds("evaluator_grace", evaluator_grace, allow_zero=True)
     _check_seconds("kill_grace", kill_grace, allow_zero=True)
+    _check_seconds("preemption_grace", preemption_grace)
 
     if log_dir is None:
         # Owner-only, as logs in a shared temporary folder should be.
@@ -406,23 +476,34 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     echo_out = _Echo(echo)
     logger.info("Local cluster %s%s; logs in %s", short_json(cluster, 400),
                 " + evaluator" if evaluator else "", log_dir)
+    logger.warning(ALL_INTERFACES_WARNING)
 
     start = time.monotonic()
     error = None
     with _SignalGuard() as guard:
         try:
-            for task in tasks:
-                _start(task, task_command, cluster, base_env, echo_out)
-            error = _supervise(tasks, start + timeout, timeout, evaluator_grace, log_dir)
+            try:
+                for task in tasks:
+                    _start(task, task_command, cluster, base_env, echo_out)
+                error = _supervise(tasks, start + timeout, timeout, evaluator_grace, log_dir)
+            except ClusterInterrupted:
+                pass  # guard.received says which signal; the tasks' outcome decides below
         finally:
             # Runs on success, failure, timeout, KeyboardInterrupt and ClusterInterrupted.
             guard.cleaning = True
-            _stop(tasks, kill_grace)
+            preempting = isinstance(error, _TaskPreempted) or (
+                guard.received is not None and error is None)
+            _stop(tasks, kill_grace,
+                  preemption_grace + PREEMPTION_MARGIN if preempting else None)
             for task in tasks:
                 if task.reader is not None:
                     task.reader.join(timeout=5)
-        if guard.received is not None and error is None:
-            error = guard.error()
+        if isinstance(error, _TaskPreempted):
+            error = _preemption_error(
+                f"task {', '.join(error.names)} exited with status {Preempted.exit_code} "
+                f"(preempted); the launcher passed SIGTERM on to the others", tasks)
+        elif guard.received is not None and error is None:
+            error = guard.error(tasks)
     wall = time.monotonic() - start
     result = ClusterResult(
         returncodes={t.name: t.poll() for t in tasks},
@@ -458,7 +539,8 @@ def _start(task, command, cluster, base_env, echo):
 
 
 def _supervise(tasks, deadline, timeout, evaluator_grace, log_dir):
-    """Wait for the run's outcome; return the error to raise (None on success).
+    """Wait for the run's outcome; return the error to raise (None on success,
+    a _TaskPreempted when training tasks exited 75 by themselves).
 
     Returns rather than raises so the caller can stop everything and attach the
     final result before raising.
@@ -468,6 +550,11 @@ def _supervise(tasks, deadline, timeout, evaluator_grace, log_dir):
     eval_deadline = None
     while True:
         failed = [t for t in tasks if t.poll() not in (None, 0)]
+        if failed and all(t.type in TRAINING_TYPES and t.poll() == Preempted.exit_code
+                          for t in failed):
+            # A preempted training task saved a checkpoint; the others get
+            # the same chance before anything is killed.
+            return _TaskPreempted([t.name for t in failed])
         if failed:
             first = failed[0]
             # The reader may still hold the last lines of the dead task.

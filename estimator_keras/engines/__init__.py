@@ -58,30 +58,43 @@ def _installed(*distributions):
     return None
 
 
-def describe():
-    """(engine, what this environment offers for it) for each engine, from
-    package metadata alone: quick, and TensorFlow is not imported."""
+def statuses():
+    """(engine, available, what this environment offers for it) for each
+    engine, from package metadata alone: quick, and TensorFlow is not imported."""
     tf_version = _installed("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
                             "tensorflow-intel", "tensorflow-macos")
     if tf_version is None:
-        return [(e, "not available: TensorFlow is not installed") for e in ENGINES]
+        return [(e, False, "not available: TensorFlow is not installed") for e in ENGINES]
     old_tf = tuple(int(p) for p in tf_version.split(".")[:2] if p.isdigit()) < (2, 16)
     estimator = _installed("tensorflow-estimator")
     tf_keras = _installed("tf-keras")
     if estimator and old_tf:
-        est = f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})"
+        est = (True, f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})")
     else:
-        est = (f"not available: tf.estimator ended with TensorFlow 2.15 (this is "
-               f"{tf_version})" if not old_tf else "not available: tensorflow-estimator "
-               "is not installed")
+        est = (False, f"not available: tf.estimator ended with TensorFlow 2.15 (this is "
+                      f"{tf_version})" if not old_tf else "not available: tensorflow-estimator "
+                      "is not installed")
     if old_tf:
-        keras = f"available (TensorFlow {tf_version}, its own Keras 2)"
+        keras = (True, f"available (TensorFlow {tf_version}, its own Keras 2)")
     elif tf_keras:
-        keras = f"available (TensorFlow {tf_version}, tf-keras {tf_keras})"
+        keras = (True, f"available (TensorFlow {tf_version}, tf-keras {tf_keras})")
     else:
-        keras = (f"not available: TensorFlow {tf_version} needs tf-keras for Keras 2 "
-                 f"(pip install --no-deps 'tf-keras~={'.'.join(tf_version.split('.')[:2])}.0')")
-    return [("estimator", est), ("keras", keras)]
+        keras = (False, f"not available: TensorFlow {tf_version} needs tf-keras for Keras 2 "
+                        f"(pip install --no-deps "
+                        f"'tf-keras~={'.'.join(tf_version.split('.')[:2])}.0')")
+    return [("estimator", *est), ("keras", *keras)]
+
+
+def describe():
+    """(engine, what this environment offers for it), as ``list`` shows it."""
+    return [(name, text) for name, _, text in statuses()]
+
+
+def auto_from_metadata():
+    """What ``--engine auto`` picks, judged from package metadata alone (for
+    launchers that should not load TensorFlow)."""
+    available = {name: ok for name, ok, _ in statuses()}
+    return "estimator" if available["estimator"] else "keras"
 
 
 def keras_major_version():

@@ -126,6 +126,11 @@ class TrainingPlan:
     """A ``tf.distribute`` strategy, or None."""
     hooks: TrainingHooks = dataclasses.field(default_factory=TrainingHooks)
     """Where progress lines and evaluations are reported."""
+    preemption: typing.Any = None
+    """A :class:`~estimator_keras.engines.preemption.PreemptionWatch` that is
+    watching (the caller enters it), or None: then signals act as usual."""
+    chief: bool = True
+    """Whether this task saves the checkpoints (the chief, or a lone process)."""
 
     def __post_init__(self):
         self.model_dir = str(self.model_dir)
@@ -195,14 +200,26 @@ def nan_error(step, checkpoint):
 
 
 def plain_metrics(metrics):
-    """Metrics as Python numbers (TensorFlow hands back numpy scalars)."""
-    return {k: (float(v) if hasattr(v, "__float__") else v) for k, v in metrics.items()}
+    """Metrics as Python numbers (TensorFlow hands back numpy scalars; the
+    step stays an integer)."""
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
 
 
 def format_metrics(metrics):
     """"accuracy 0.9012, loss 0.2764": every metric but the step, 4 digits."""
     return ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(metrics.items())
                      if k != "global_step")
+
+
+def run_seed(seed, start_step):
+    """The random seed of a run that starts at ``start_step``: the base seed
+    itself from scratch (so identical runs stay identical), a seed derived
+    from both after a restart, so that a resumed run draws new shuffles and
+    dropout masks instead of replaying the first run's."""
+    if seed is None or not start_step:
+        return seed
+    mixed = (int(seed) * 1_000_003 + int(start_step) * 7_919) & 0x7FFFFFFF
+    return mixed if mixed != seed else mixed ^ 1
 
 
 def scratch_dir(model_dir, task_id):
@@ -228,13 +245,27 @@ def progress_line(head, since, until, loss=None, batch_size=None, replicas=1):
     return ", ".join(parts)
 
 
+def duration(seconds):
+    """"42 s", "7 min 5 s", "1 h 12 min": a time a person reads at a glance."""
+    seconds = int(round(max(seconds, 0)))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
 class ProgressMeter:
     """Turns (step, loss) reports into progress lines every ``every_steps``
-    steps, and a summary at the end; both engines feed it."""
+    steps (``step N/M``, loss, rates and the estimated time left, from the
+    average rate so far), and a summary at the end; both engines feed it."""
 
-    def __init__(self, every_steps, batch_size=None, replicas=1, log=None):
+    def __init__(self, every_steps, batch_size=None, replicas=1, log=None, max_steps=None):
         self.every_steps = max(1, int(every_steps))
         self.batch_size, self.replicas = batch_size, replicas
+        self.max_steps = max_steps
         self.log = log or logger.info
         self.first = self.last = self.end = None
         self.loss = None
@@ -248,8 +279,16 @@ class ProgressMeter:
             self.first = self.last = (step, now)
             return
         self.end = (step, now)
-        if step - self.last[0] >= self.every_steps:
-            self._report(f"step {step}", self.last, self.end)
+        # On every multiple of every_steps (steps can jump under parameter servers).
+        if step // self.every_steps > self.last[0] // self.every_steps:
+            head = f"step {step}/{self.max_steps}" if self.max_steps else f"step {step}"
+            line = progress_line(head, self.last, self.end, self.loss, self.batch_size,
+                                 self.replicas)
+            done, secs = step - self.first[0], now - self.first[1]
+            if line and self.max_steps and done > 0 and secs > 0:
+                line += f", {duration((self.max_steps - step) * secs / done)} left"
+            if line:
+                self.log(line)
             self.last = self.end
 
     def finish(self, final_step, now=None):
@@ -257,10 +296,7 @@ class ProgressMeter:
             return
         if now is None:
             now = self.end[1] if self.end else time.monotonic()
-        until = (final_step, now)
-        self._report(f"trained to step {final_step} (average)", self.first, until)
-
-    def _report(self, head, since, until):
-        line = progress_line(head, since, until, self.loss, self.batch_size, self.replicas)
+        line = progress_line(f"trained to step {final_step}:", self.first, (final_step, now),
+                             self.loss, self.batch_size, self.replicas)
         if line:
-            self.log(line)
+            self.log(line.replace(":, ", ": ", 1) + " on average")

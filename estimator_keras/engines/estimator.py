@@ -96,8 +96,8 @@ class ProgressHook(tf.estimator.SessionRunHook):
     """Logs loss, steps/s and examples/s every ``every_steps`` steps, and the
     average at the end (see :class:`~estimator_keras.engines.base.ProgressMeter`)."""
 
-    def __init__(self, every_steps=100, batch_size=None, replicas=1, log=None):
-        self._settings = (every_steps, batch_size, replicas, log)
+    def __init__(self, every_steps=100, batch_size=None, replicas=1, log=None, max_steps=None):
+        self._settings = (every_steps, batch_size, replicas, log, max_steps)
         self._step_tensor = self._loss = self._meter = None
 
     def begin(self):
@@ -113,12 +113,37 @@ class ProgressHook(tf.estimator.SessionRunHook):
         return tf.estimator.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
-        self._meter.update(int(run_values.results["step"]), run_values.results.get("loss"))
+        # The step fetched with the run is the one before its update.
+        self._meter.update(int(run_values.results["step"]) + 1, run_values.results.get("loss"))
 
     def end(self, session):
         if self._meter.end is not None:
             # The step fetched in before_run predates the last update.
             self._meter.finish(int(session.run(self._step_tensor)))
+
+
+class PreemptionHook(tf.estimator.SessionRunHook):
+    """Ends training after the step in progress once the watch has seen
+    SIGTERM or SIGINT; the chief's checkpoint saver then saves that step."""
+
+    def __init__(self, watch):
+        self._watch = watch
+
+    def after_run(self, run_context, run_values):
+        if self._watch.requested:
+            run_context.request_stop()
+
+
+class PreemptionListener(tf.estimator.CheckpointSaverListener):
+    """After the checkpoint saved on a preemption stop: raises Preempted, so
+    that no evaluation or export runs in the grace period."""
+
+    def __init__(self, watch):
+        self._watch = watch
+
+    def after_save(self, session, global_step_value):
+        if self._watch.requested:
+            raise self._watch.stopped(int(global_step_value))
 
 
 class EvaluationExporter(tf.estimator.Exporter):
@@ -174,7 +199,8 @@ class BestExporter(tf.estimator.Exporter):
 def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
                        eval_every_steps=None, eval_steps=None, batch_size=None,
                        replicas=1, log_every_steps=100, early_stopping=None,
-                       exporters=(), hooks=(), log=None):
+                       exporters=(), hooks=(), log=None, preemption=None, chief=True,
+                       stop_with_chief=False):
     """Trains and evaluates an Estimator; returns the final eval metrics.
 
     Evaluation runs every time a checkpoint is saved, so the evaluation
@@ -182,13 +208,26 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     :func:`run_config`), and once at the end; ``eval_every_steps`` tells the
     early-stopping hook how often to look. ``exporters`` (e.g.
     :class:`BestExporter`) run after each evaluation. In a cluster only the
-    evaluator evaluates, so every other task returns None.
+    evaluator evaluates, so every other task returns None. With a
+    ``preemption`` watch (entered by the caller), SIGTERM or SIGINT ends
+    training after the current step with a checkpoint of it (saved by the
+    ``chief``, which this task is unless told otherwise). A synchronous
+    worker (``stop_with_chief``: MultiWorkerMirroredStrategy) keeps stepping
+    with the chief until the chief has saved and left, so that the chief's
+    step is not cut short by a missing peer.
 
     Raises:
       NumericalError: the loss became NaN or infinite.
+      Preempted: training stopped on a signal.
     """
     base.check_positive("max_steps", max_steps)
-    train_hooks = [ProgressHook(log_every_steps, batch_size, replicas, log), *hooks]
+    train_hooks = [ProgressHook(log_every_steps, batch_size, replicas, log, int(max_steps)),
+                   *hooks]
+    listeners = []
+    if preemption is not None:
+        if not stop_with_chief:
+            train_hooks.append(PreemptionHook(preemption))
+        listeners.append(PreemptionListener(preemption))
     if early_stopping is not None:
         # TensorFlow's hook applies EarlyStopping.should_stop's rule to the
         # evaluations it reads from the eval dir, which in a cluster the
@@ -200,7 +239,7 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
             estimator, early_stopping.metric, early_stopping.patience_steps,
             run_every_secs=None, run_every_steps=eval_every_steps or log_every_steps))
     train_spec = tf.estimator.TrainSpec(train_input_fn, max_steps=int(max_steps),
-                                        hooks=train_hooks)
+                                        hooks=train_hooks, saving_listeners=listeners)
     eval_spec = tf.estimator.EvalSpec(eval_input_fn, steps=eval_steps,
                                       exporters=list(exporters),
                                       start_delay_secs=0, throttle_secs=0)
@@ -208,6 +247,16 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
         result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
     except tf.compat.v1.train.NanLossDuringTrainingError as e:
         raise base.nan_error(None, tf.train.latest_checkpoint(estimator.model_dir)) from e
+    except tf.errors.OpError as e:
+        if stop_with_chief and preemption is not None and preemption.requested:
+            # The chief saved and left: this worker's next all-reduce fails.
+            raise preemption.stopped(None) from e
+        raise
+    if preemption is not None and preemption.requested:
+        # Where no listener saw the final save (a worker, or a strategy that
+        # leaves saving listeners out), the checkpoint on disk says the step.
+        latest = tf.train.latest_checkpoint(estimator.model_dir) if chief else None
+        raise preemption.stopped(checkpoints.checkpoint_step(latest) if latest else None)
     if result is None:
         return None
     return base.plain_metrics(result[0])
@@ -245,7 +294,9 @@ class EstimatorEngine(base.Engine):
             eval_every_steps=plan.eval_every_steps, eval_steps=plan.eval_steps,
             batch_size=plan.batch_size, replicas=plan.replicas,
             log_every_steps=plan.log_every_steps, early_stopping=plan.early_stopping,
-            exporters=[EvaluationExporter(plan.hooks.on_evaluation)], log=plan.hooks.log)
+            exporters=[EvaluationExporter(plan.hooks.on_evaluation)], log=plan.hooks.log,
+            preemption=plan.preemption, chief=plan.chief,
+            stop_with_chief=plan.strategy is not None and not plan.chief)
         step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
         return base.RunResult(None, metrics, step, None)
 

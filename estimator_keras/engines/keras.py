@@ -46,6 +46,8 @@ from estimator_keras.errors import UsageError
 logger = logging.getLogger(__name__)
 
 BACKUP_DIR = "backup"
+# TensorFlow's PreemptionCheckpointHandler keeps its workers' scratch here.
+PREEMPTION_DIR = "preemption"
 CHECKPOINT_NAME = "model.ckpt"
 # Where TensorFlow's Keras TensorBoard callback puts the two runs.
 SUMMARY_SUBDIRS = ("train", "validation")
@@ -59,24 +61,49 @@ def _step(model):
 
 
 class StepLimit(tf.keras.callbacks.Callback):
-    """Stops at exactly ``max_steps``, raises on a NaN loss, feeds the
-    progress lines."""
+    """Stops at exactly ``max_steps``, feeds the progress lines, and raises on
+    a NaN loss (looked at with every progress line and at every epoch's end,
+    before its checkpoint).
+
+    The step is counted here rather than read from the optimizer, and the
+    loss is read only when a line is due: reading either every step would
+    make TensorFlow finish each step before starting the next.
+    """
 
     def __init__(self, max_steps, meter, manager):
         super().__init__()
         self.max_steps, self.meter, self.manager = max_steps, meter, manager
+        self.step = 0
+        # Keras' callback protocol: batch logs may then come as tensors,
+        # without a wait for each step's results.
+        self._supports_tf_logs = True
+
+    def on_train_begin(self, logs=None):
+        self.step = _step(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = _step(self.model)
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            raise base.nan_error(step, self.manager.latest_checkpoint)
-        self.meter.update(step, None if loss is None else float(loss))
-        if step >= self.max_steps:
+        self.step += 1
+        if (self.meter.first is None or self.step % self.meter.every_steps == 0
+                or self.step >= self.max_steps):
+            self.meter.update(self.step, self._finite_loss(logs))
+        if self.step >= self.max_steps:
             self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        # The epoch's mean loss: a NaN anywhere in the epoch shows here.
+        self._finite_loss(logs)
 
     def on_train_end(self, logs=None):
         self.meter.finish(_step(self.model), now=time.monotonic())
+
+    def _finite_loss(self, logs):
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return None
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise base.nan_error(self.step, self.manager.latest_checkpoint)
+        return loss
 
 
 class Checkpoints(tf.keras.callbacks.Callback):
@@ -112,6 +139,49 @@ class Checkpoints(tf.keras.callbacks.Callback):
             self.history.append((step, metrics[stop.metric]))
             if stop.should_stop(self.history):
                 self.model.stop_training = True
+
+
+class PreemptionCheckpoint(tf.keras.callbacks.Callback):
+    """On SIGTERM or SIGINT (seen by the plan's PreemptionWatch): a checkpoint
+    at the step just taken, then Preempted, before any evaluation runs.
+
+    Under MultiWorkerMirroredStrategy every worker must stop at the same step
+    or the others wait forever in their next all-reduce: TensorFlow's
+    PreemptionCheckpointHandler agrees on that step between the workers
+    (through the cluster's coordination service) and saves there.
+    """
+
+    def __init__(self, watch, manager, is_chief, strategy, model_dir):
+        super().__init__()
+        self.watch, self.manager, self.is_chief = watch, manager, is_chief
+        self.handler = None
+        self._supports_tf_logs = True  # it reads no logs (see StepLimit)
+        resolver = getattr(strategy, "cluster_resolver", None)
+        if resolver is not None and resolver.cluster_spec().jobs:
+            config = tf.distribute.experimental.TerminationConfig(
+                termination_watcher_fn=watch, exit_fn=self._stop, grace_period=0,
+                save_fn=self._save)
+            # Its own (empty) directory: it must not restore anything, the
+            # engine already has, and its counters start alike on every worker.
+            self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+                resolver, tf.train.Checkpoint(),
+                posixpath.join(model_dir, PREEMPTION_DIR, "ckpt"), termination_config=config)
+
+    def _save(self, *args, **kwargs):
+        del args, kwargs
+        self.manager.save(checkpoint_number=_step(self.model))
+
+    def _stop(self):
+        if not self.is_chief:
+            io.rmtree(self.manager.directory)  # the scratch copy nobody reads
+        raise self.watch.stopped(_step(self.model), by_chief=not self.is_chief)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.handler is not None:
+            self.handler.save_checkpoint_if_preempted()
+        elif self.watch.requested:
+            self._save()
+            self._stop()
 
 
 def _task(strategy):
@@ -159,9 +229,16 @@ def _fit(plan, build_compiled_model):
                                              checkpoint_name=CHECKPOINT_NAME)
         backup = posixpath.join(plan.model_dir, BACKUP_DIR)
         backed_up = _backup_checkpoint(backup)
+        if latest:
+            checkpoints.check_compatible(model, latest)
+        if backed_up and latest and (checkpoints.checkpoint_step(latest) or 0) > (
+                checkpoints.checkpoint_step(backed_up) or 0):
+            # A preempted run saved a later step than its last backup.
+            io.rmtree(backup)
+            backed_up = None
         if latest and not backed_up:
-            # A finished (or Estimator-trained) run: continue from its last
-            # checkpoint. An interrupted one is BackupAndRestore's to restore.
+            # A finished, preempted (or Estimator-trained) run: continue from
+            # its last checkpoint. A crashed one is BackupAndRestore's to restore.
             checkpoint.restore(latest).expect_partial()
             step = checkpoints.checkpoint_step(latest) or 0
             if _step(model) != step:
@@ -188,15 +265,19 @@ def _fit(plan, build_compiled_model):
             tf.data.experimental.AutoShardPolicy.DATA)
         eval_data = eval_data.with_options(options)
 
-    meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log)
+    meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
+                               plan.max_steps)
     saver = Checkpoints(manager, hooks, is_chief, latest is None, plan.early_stopping)
-    # The backup first: then a checkpoint in MODEL_DIR never outruns the
-    # backup, and a restart never restores an older state than it has.
+    # The backup first: then a periodic checkpoint in MODEL_DIR never outruns
+    # the backup (only a preemption's does, and a restart sees that).
     callbacks = [tf.keras.callbacks.BackupAndRestore(backup),
                  StepLimit(plan.max_steps, meter, manager), saver]
+    if plan.preemption is not None:
+        callbacks.insert(2, PreemptionCheckpoint(plan.preemption, manager, is_chief,
+                                                 plan.strategy, plan.model_dir))
     if importlib.util.find_spec("tensorboard") is not None:
         callbacks.append(tf.keras.callbacks.TensorBoard(
-            plan.model_dir, update_freq=plan.log_every_steps, profile_batch=0))
+            plan.model_dir, update_freq="epoch", profile_batch=0))
     elif is_chief:
         # TensorFlow 2.16+ no longer installs TensorBoard itself.
         hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
@@ -221,6 +302,8 @@ def _fit(plan, build_compiled_model):
     saved = saver.saved or manager.latest_checkpoint
     if is_chief and not _backup_checkpoint(backup):
         io.rmtree(backup)  # empty once training completed
+    if is_chief:
+        io.rmtree(posixpath.join(plan.model_dir, PREEMPTION_DIR))
     if not is_chief:
         io.rmtree(write_dir)
         saved = None
@@ -230,7 +313,7 @@ def _fit(plan, build_compiled_model):
 def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *, model_dir,
                      max_steps, eval_every_steps, eval_steps=None, batch_size=None,
                      strategy=None, keep_checkpoint_max=5, log_every_steps=100,
-                     early_stopping=None, on_evaluation=None, log=None):
+                     early_stopping=None, on_evaluation=None, log=None, preemption=None):
     """Trains with ``Model.fit``, evaluating and checkpointing every
     ``eval_every_steps`` steps; returns a :class:`FitResult`.
 
@@ -253,9 +336,14 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
       on_evaluation: ``fn(checkpoint, metrics)`` called on the chief after
         each evaluation (e.g. a best-model export).
       log: ``fn(str)`` for progress lines (default: logging.info).
+      preemption: an entered
+        :class:`~estimator_keras.engines.preemption.PreemptionWatch`: SIGTERM
+        or SIGINT then saves the current step and raises Preempted.
 
     Raises:
       NumericalError: the loss became NaN or infinite.
+      ModelDirError: ``model_dir`` holds a checkpoint of another architecture.
+      Preempted: training stopped on a signal (with ``preemption``).
     """
     plan = base.TrainingPlan(
         model_dir=model_dir, build_model=build_compiled_model, loss=None, metrics=list,
@@ -264,7 +352,7 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
         max_steps=max_steps, eval_every_steps=eval_every_steps, eval_steps=eval_steps,
         batch_size=batch_size, log_every_steps=log_every_steps,
         keep_checkpoint_max=keep_checkpoint_max, early_stopping=early_stopping,
-        strategy=strategy, hooks=base.TrainingHooks(log, on_evaluation))
+        strategy=strategy, hooks=base.TrainingHooks(log, on_evaluation), preemption=preemption)
     return _fit(plan, build_compiled_model)
 
 
@@ -277,8 +365,13 @@ def compile_for_keras(plan):
 
 
 def evaluate_checkpoint(build_compiled_model, checkpoint, dataset, steps=None):
-    """Metrics of ``checkpoint`` (from either engine) on ``dataset``."""
+    """Metrics of ``checkpoint`` (from either engine) on ``dataset``.
+
+    Raises:
+      ModelDirError: the checkpoint's weights do not fit the model.
+    """
     model = build_compiled_model()
+    checkpoints.check_compatible(model, checkpoint)
     tf.train.Checkpoint(root=model).restore(checkpoint).expect_partial()
     values = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
     metrics = {k: float(v) for k, v in values.items()}

@@ -7,15 +7,24 @@ described in :mod:`estimator_keras.sources.base`. Modules:
 - ``idx``: MNIST / Fashion-MNIST IDX files: :func:`read_idx`, :func:`write_idx`,
   :class:`IdxSource`, :func:`find_idx_files`;
 - ``download``: :func:`download_idx`, fetching MNIST / Fashion-MNIST as IDX files;
-- ``images``: PNG / JPEG header probing and the bytes stored per image;
-- ``folders``: :class:`ImageFolderSource` (a sub-folder per class) and
-  :class:`SegmentationFolderSource` (image / mask pairs matched by file stem);
+- ``images``: PNG / JPEG / GIF / BMP header probing, decoding, and what is
+  stored per image;
+- ``folders``: :class:`ImageFolderSource` (a sub-folder per class),
+  :class:`SegmentationFolderSource` (image / mask pairs matched by file stem),
+  and the :class:`ImageListSource` / :class:`SegmentationPairsSource` they
+  and the importers build;
+- ``scan``: checking a user's files before writing (parallel decoding, what
+  was skipped and why, the majority votes, the hash split);
+- ``layouts``: a user's folders as train and test sources
+  (:func:`image_folder_splits`, :func:`segmentation_folder_splits`);
+- ``tfrecords``: other tools' TFRecord files as train and test sources
+  (:func:`tfrecord_splits`, :class:`TFRecordImportSource`);
 - ``shapes``: :class:`ShapesSource`, a generated segmentation set.
 
 The public names are importable from here too
 (``from estimator_keras.sources import IdxSource``). They load on first use,
-so importing this package does not import TensorFlow; only the image and
-download modules need it.
+so importing this package does not import TensorFlow; only the image,
+folder, importer and download modules need it.
 
 Example::
 
@@ -39,6 +48,12 @@ _EXPORTS = {
     "download_idx": "download",
     "ImageFolderSource": "folders",
     "SegmentationFolderSource": "folders",
+    "ImageListSource": "folders",
+    "SegmentationPairsSource": "folders",
+    "image_folder_splits": "layouts",
+    "segmentation_folder_splits": "layouts",
+    "tfrecord_splits": "tfrecords",
+    "TFRecordImportSource": "tfrecords",
     "ShapesSource": "shapes",
     "SHAPES_CLASSES": "shapes",
 }

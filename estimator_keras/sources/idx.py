@@ -2,8 +2,9 @@
 
 :func:`read_idx` / :func:`write_idx` read and write whole IDX files (``.gz``
 or not). :class:`IdxSource` memory-maps an images file and a labels file; a
-``.gz`` or remote file is first streamed once, uncompressed, into a local
-cache so that reads stay random-access and memory stays flat.
+``.gz`` or remote file is first streamed once, uncompressed, into a cache
+(by default this user's private :func:`user_cache_dir`, verified by SHA-256
+on every reuse) so that reads stay random-access and memory stays flat.
 :func:`find_idx_files` locates a split's pair of files in a folder.
 
 Example::
@@ -17,10 +18,11 @@ Example::
 import functools
 import gzip
 import hashlib
+import json
 import logging
 import os
+import stat
 import struct
-import tempfile
 import zlib
 
 import numpy as np
@@ -197,16 +199,124 @@ def write_idx(path, array):
     io.atomic_write(str(path), data)
 
 
-def _default_cache_dir():
-    return os.path.join(tempfile.gettempdir(), "estimator_keras_idx_cache")
+CACHE_NAME = "estimator-keras"
+
+
+def user_cache_dir(*parts):
+    """This user's private cache folder, ``$XDG_CACHE_HOME/estimator-keras/PARTS``
+    (``~/.cache/estimator-keras/PARTS`` by default), created owner-only (0700).
+
+    Never the shared temp dir: another user could plant files there under the
+    predictable names a cache uses.
+
+    Raises:
+      DataError: the folder (or one above it, from ``estimator-keras`` down)
+        exists but belongs to another user, is writable by group or others,
+        or is not a folder.
+    """
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    # The XDG spec ignores a relative path here.
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create the cache folder {base}: {e.strerror}; set "
+                        f"XDG_CACHE_HOME to a folder of yours.") from e
+    path = base
+    for name in (CACHE_NAME,) + tuple(str(p) for p in parts):
+        path = os.path.join(path, name)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise DataError(f"cannot create the cache folder {path}: {e.strerror}.") from e
+        _check_private(path)
+    return path
+
+
+def _check_private(path):
+    info = os.stat(path)
+    problem = None
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a folder"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to uid {info.st_uid}, not to you (uid {os.getuid()})"
+    elif info.st_mode & 0o022:
+        who = " and ".join(w for bit, w in ((0o020, "group"), (0o002, "others"))
+                           if info.st_mode & bit)
+        problem = f"is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o})"
+    if problem:
+        raise DataError(
+            f"the cache folder {path} {problem}: files cached there could be replaced by "
+            f"someone else, so it is not used. Remove it, or `chmod 700` a folder of yours, "
+            f"or point XDG_CACHE_HOME at a private folder.")
+
+
+def sha256_of(path):
+    """The SHA-256 of a file (local or remote), hex."""
+    digest = hashlib.sha256()
+    with io.open_file(str(path), "rb") as f:
+        for chunk in iter(lambda: f.read(_COPY_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# A cached IDX file ends with a trailer after its data: a JSON record of the
+# SHA-256 of its source and of its own IDX bytes, the record's length (8 bytes,
+# big-endian) and this mark. Memory maps stop at the data and never see it.
+_TRAILER_MARK = b"EKIDXSHA"
+
+
+def _cache_trailer(data_sha256, source_sha256, source):
+    record = json.dumps({"source": source, "source_sha256": source_sha256,
+                         "sha256": data_sha256}).encode()
+    return record + struct.pack(">Q", len(record)) + _TRAILER_MARK
+
+
+def _cached_is_valid(cached, magic, source_sha256):
+    """The header of ``cached`` when its trailer records ``source_sha256`` and
+    the SHA-256 of its IDX bytes matches the one recorded, else None."""
+    try:
+        size = io.size(cached)
+        with io.open_file(cached, "rb") as f:
+            header = _parse_idx_header(f, cached, magic)
+            f.seek(header.total_bytes)
+            trailer = f.read()
+            if len(trailer) < 16 or trailer[-8:] != _TRAILER_MARK:
+                return None
+            (length,) = struct.unpack(">Q", trailer[-16:-8])
+            if header.total_bytes + length + 16 != size:
+                return None
+            record = json.loads(trailer[:length])
+            f.seek(0)
+            digest = hashlib.sha256()
+            remaining = header.total_bytes
+            while remaining:
+                chunk = f.read(min(_COPY_CHUNK, remaining))
+                if not chunk:
+                    return None
+                digest.update(chunk)
+                remaining -= len(chunk)
+    except (OSError, ValueError, DataError, struct.error):
+        return None
+    if (not isinstance(record, dict) or record.get("source_sha256") != source_sha256
+            or record.get("sha256") != digest.hexdigest()):
+        return None
+    return header
 
 
 def _idx_local_file(path, magic, cache_dir):
     """Validates an IDX file and returns (local uncompressed path, header).
 
     A local uncompressed file is used in place. A ``.gz`` or remote file is
-    streamed once into ``cache_dir`` under a name keyed by its path, size and
-    mtime, so later calls (and worker processes) reuse it and memory stays flat.
+    streamed once into ``cache_dir`` (default :func:`user_cache_dir`
+    ``("idx")``) under a name keyed by its path, size and mtime, with the
+    SHA-256 of the source and of the cached IDX bytes recorded in a trailer
+    after the data; a cached file is reused only when both hashes still
+    match, so later calls (and worker processes) skip the decompression and
+    memory stays flat.
     """
     path = str(path)
     if not io.exists(path):
@@ -224,24 +334,32 @@ def _idx_local_file(path, magic, cache_dir):
                 f"{size}.")
         return path, header
 
-    cache_dir = cache_dir or _default_cache_dir()
+    cache_dir = str(cache_dir) if cache_dir else user_cache_dir("idx")
     io.makedirs(cache_dir)
     key = hashlib.sha256(f"{path if remote else os.path.abspath(path)}"
                          f"|{io.size(path)}|{io.mtime_ns(path)}".encode()).hexdigest()[:16]
     base = io.basename(path)
     base = base[:-3] if base.endswith(".gz") else base
     cached = io.join(cache_dir, f"{base}.{key}")
+    source_sha256 = sha256_of(path)
+    if io.exists(cached):
+        header = _cached_is_valid(cached, magic, source_sha256)
+        if header is not None:
+            return cached, header
+        logger.warning("IDX cache file %s does not match the hashes recorded in it; "
+                       "decompressing %s again", cached, path)
 
     def stream():
+        digest = hashlib.sha256()
         with _open_idx(path) as f:
             header = _parse_idx_header(f, path, magic)
-            if io.exists(cached) and io.size(cached) == header.total_bytes:
-                return header
             # Concurrent writers produce identical bytes, so the last rename
             # winning is harmless.
             with io.atomic_file(cached, "wb") as out:
-                out.write(header.magic.to_bytes(4, "big")
-                          + struct.pack(f">{len(header.shape)}I", *header.shape))
+                head = (header.magic.to_bytes(4, "big")
+                        + struct.pack(f">{len(header.shape)}I", *header.shape))
+                out.write(head)
+                digest.update(head)
                 remaining = header.data_bytes
                 while remaining:
                     chunk = f.read(min(_COPY_CHUNK, remaining))
@@ -252,13 +370,15 @@ def _idx_local_file(path, magic, cache_dir):
                             f"{header.data_bytes} bytes of data but only "
                             f"{header.data_bytes - remaining} follow.")
                     out.write(chunk)
+                    digest.update(chunk)
                     remaining -= len(chunk)
                 if f.read(1):
                     raise DataError(
                         f"IDX file {path} does not match its header: the header "
                         f"({header.describe()}) announces {header.data_bytes} "
                         f"bytes of data but more follow.")
-            return header
+                out.write(_cache_trailer(digest.hexdigest(), source_sha256, path))
+        return header
 
     header = _wrap_stream_errors(path, stream)
     logger.debug("IDX %s cached uncompressed at %s", path, cached)
@@ -277,8 +397,8 @@ class IdxSource(Source):
         ``.gz`` or not, local or any ``tf.io.gfile`` path.
       image_feature, label_feature: feature names.
       cache_dir: where ``.gz`` and remote files are decompressed once (default:
-        a folder in the system temp dir); uncompressed local files are
-        memory-mapped in place.
+        ``user_cache_dir("idx")``, private to this user); uncompressed local
+        files are memory-mapped in place.
 
     Example::
 
@@ -318,7 +438,7 @@ class IdxSource(Source):
             (self._images_file, self._images_header) if which == "images"
             else (self._labels_file, self._labels_header))
         if not io.exists(local):
-            # A cache in the temp dir may be cleaned between pickling and use.
+            # A cache file may be cleaned between pickling and use.
             source = self.images_path if which == "images" else self.labels_path
             magic = IDX_IMAGES_MAGIC if which == "images" else IDX_LABELS_MAGIC
             local, header = _idx_local_file(source, magic, self.cache_dir)

@@ -1,14 +1,19 @@
-"""PNG and JPEG files: header probing, and the bytes stored for each image.
+"""Image files: header probing, decoding, and the bytes or pixels stored.
 
-Headers are parsed by hand (:func:`probe_all`), so listing a folder of images
-learns every file's format, size and channels without decoding pixels.
-:func:`choose_encoding` decides which files can be stored byte for byte and
-which must be re-encoded; :func:`image_bytes` and :func:`mask_bytes` produce
-the stored bytes, decoding with TensorFlow only where needed.
+Headers of PNG, JPEG, GIF and BMP files are parsed by hand
+(:func:`probe_stream`), so listing a folder of images learns every file's
+format, size and channels without decoding pixels; :func:`inspect_image`
+also decodes one fully, to tell a readable file from a corrupt one.
+:func:`choose_encoding` and :func:`plan_storage` decide whether files are
+stored byte for byte, re-encoded as PNG, or decoded to raw pixels;
+:func:`image_bytes`, :func:`decode_pixels` and :func:`mask_ids` produce what
+is stored, decoding with TensorFlow.
 """
 
+import io as _bytes_io
 import os
 import struct
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -17,54 +22,82 @@ from estimator_keras import io
 from estimator_keras.errors import DataError, UsageError
 from estimator_keras.sources.base import preview
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+"""File name endings read as images (compared in lower case)."""
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 3: None, 4: 2, 6: 4}
 # A missing or unreadable remote file fails with TF's errors, a local one with OSError.
 _READ_ERRORS = (OSError, tf.errors.OpError)
+_DECODE_ERRORS = (tf.errors.OpError, ValueError)
 
 
-class _BadImage(Exception):
-    """Raised by the header probe; turned into a DataError naming the file."""
+class BadImage(Exception):
+    """A file or value that is not a readable image; the message says why."""
 
 
-class ImageInfo:
-    """What an image file's header says, read without decoding the pixels."""
+class ImageInfo(NamedTuple):
+    """What an image's header says, read without decoding the pixels.
 
-    def __init__(self, fmt, height, width, channels, depth=8, palette=False):
-        self.fmt, self.height, self.width = fmt, height, width
-        # Channels a plain decode gives, or None when TF would convert
-        # (palette PNGs, CMYK JPEGs): such files are always re-encoded.
-        self.channels = channels
-        self.depth = depth  # bits per sample
-        self.palette = palette
+    ``channels`` is what a plain decode gives, or None when TensorFlow would
+    have to convert (palette PNGs, CMYK JPEGs, 8-bit BMPs): such files are
+    always re-encoded. ``depth`` is bits per sample; ``grey`` tells grey
+    images from colour ones for the majority vote on channels.
+    """
+
+    fmt: str
+    height: int
+    width: int
+    channels: int
+    depth: int = 8
+    palette: bool = False
+    grey: bool = False
 
     @property
     def eight_bit(self):
         return self.depth == 8
 
+    @property
+    def size(self):
+        return (self.height, self.width)
 
-def _probe_image(path):
-    """Reads the PNG or JPEG header of ``path``: format, size, channels."""
-    try:
-        with io.open_file(path, "rb") as f:
-            head = f.read(32)
-            if head.startswith(_PNG_SIGNATURE):
-                if len(head) < 26 or head[12:16] != b"IHDR":
-                    raise _BadImage("its PNG header is incomplete")
-                width, height = struct.unpack(">II", head[16:24])
-                depth, color = head[24], head[25]
-                if color not in _PNG_CHANNELS or width == 0 or height == 0:
-                    raise _BadImage(f"its PNG header is invalid (colour type {color}, "
-                                    f"size {width}x{height})")
-                return ImageInfo("png", height, width, _PNG_CHANNELS[color],
-                                 depth, palette=color == 3)
-            if head[:2] == b"\xff\xd8":
-                return _probe_jpeg(f)
-            raise _BadImage("it is neither a PNG nor a JPEG (unrecognised first bytes)")
-    except _READ_ERRORS as e:
-        raise _BadImage(f"it cannot be read ({e})") from e
+
+def probe_stream(f):
+    """The :class:`ImageInfo` of the image in the seekable binary file ``f``.
+
+    Raises:
+      BadImage: the header is not one of a PNG, JPEG, GIF or BMP, or is
+        broken.
+    """
+    head = f.read(32)
+    if head.startswith(_PNG_SIGNATURE):
+        if len(head) < 26 or head[12:16] != b"IHDR":
+            raise BadImage("its PNG header is incomplete")
+        width, height = struct.unpack(">II", head[16:24])
+        depth, color = head[24], head[25]
+        if color not in _PNG_CHANNELS or width == 0 or height == 0:
+            raise BadImage(f"its PNG header is invalid (colour type {color}, "
+                           f"size {width}x{height})")
+        return ImageInfo("png", height, width, _PNG_CHANNELS[color], depth,
+                         palette=color == 3, grey=color in (0, 4))
+    if head[:2] == b"\xff\xd8":
+        return _probe_jpeg(f)
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return _probe_gif(f, head)
+    if head[:2] == b"BM":
+        return _probe_bmp(f, head)
+    raise BadImage("it is not a PNG, JPEG, GIF or BMP image (unrecognised first bytes)")
+
+
+def looks_like_image(data):
+    """True when ``data`` starts like a PNG, JPEG, GIF or BMP file."""
+    return (data[:8] == _PNG_SIGNATURE or data[:2] in (b"\xff\xd8", b"BM")
+            or data[:6] in (b"GIF87a", b"GIF89a"))
+
+
+def probe_bytes(data):
+    """The :class:`ImageInfo` of an encoded image held in memory."""
+    return probe_stream(_bytes_io.BytesIO(data))
 
 
 def _probe_jpeg(f):
@@ -75,7 +108,7 @@ def _probe_jpeg(f):
         f.seek(pos)
         marker = f.read(2)
         if len(marker) < 2 or marker[0] != 0xFF:
-            raise _BadImage("its JPEG markers are broken before the frame header")
+            raise BadImage("its JPEG markers are broken before the frame header")
         code = marker[1]
         pos += 2
         if code == 0xFF:  # fill byte
@@ -84,22 +117,85 @@ def _probe_jpeg(f):
         if code in (0x01, 0xD8) or 0xD0 <= code <= 0xD7:
             continue  # markers without a length
         if code in (0xD9, 0xDA):
-            raise _BadImage("it has no JPEG frame header before its image data")
+            raise BadImage("it has no JPEG frame header before its image data")
         length = f.read(2)
         if len(length) < 2:
-            raise _BadImage("it is truncated inside its JPEG header")
+            raise BadImage("it is truncated inside its JPEG header")
         seglen = struct.unpack(">H", length)[0]
         if seglen < 2:
-            raise _BadImage("its JPEG header has an invalid segment length")
+            raise BadImage("its JPEG header has an invalid segment length")
         if 0xC0 <= code <= 0xCF and code not in (0xC4, 0xC8, 0xCC):
             frame = f.read(6)
             if len(frame) < 6:
-                raise _BadImage("it is truncated inside its JPEG frame header")
+                raise BadImage("it is truncated inside its JPEG frame header")
             _, height, width, comps = struct.unpack(">BHHB", frame)
             if height == 0 or width == 0:
-                raise _BadImage(f"its JPEG frame header gives size {width}x{height}")
-            return ImageInfo("jpeg", height, width, comps if comps in (1, 3) else None)
+                raise BadImage(f"its JPEG frame header gives size {width}x{height}")
+            return ImageInfo("jpeg", height, width, comps if comps in (1, 3) else None,
+                             grey=comps == 1)
         pos += seglen
+
+
+def _probe_gif(f, head):
+    # TensorFlow decodes the logical screen (the first frame) as RGB.
+    if len(head) < 13:
+        raise BadImage("its GIF header is incomplete")
+    width, height, packed = struct.unpack("<HHB", head[6:11])
+    if width == 0 or height == 0:
+        raise BadImage(f"its GIF header gives size {width}x{height}")
+    grey = False
+    if packed & 0x80:
+        f.seek(13)
+        table = f.read(3 * 2 ** ((packed & 7) + 1))
+        colours = np.frombuffer(table[:len(table) // 3 * 3], np.uint8).reshape(-1, 3)
+        grey = bool(len(colours)) and bool((colours == colours[:, :1]).all())
+    return ImageInfo("gif", height, width, 3, palette=True, grey=grey)
+
+
+def _probe_bmp(f, head):
+    f.seek(0)
+    header = f.read(54)
+    if len(header) < 30:
+        raise BadImage("its BMP header is incomplete")
+    dib_size = struct.unpack("<I", header[14:18])[0]
+    if dib_size < 40 or len(header) < 54:
+        raise BadImage(f"its BMP header is of an old kind (size {dib_size}) that "
+                       f"TensorFlow cannot decode")
+    width, height, _, bpp, compression = struct.unpack("<iiHHI", header[18:34])
+    height = abs(height)  # negative: rows stored top-down
+    if width <= 0 or height == 0:
+        raise BadImage(f"its BMP header gives size {width}x{height}")
+    if compression not in (0, 3):
+        raise BadImage(f"it is a compressed BMP (compression {compression}), which "
+                       f"TensorFlow cannot decode")
+    if bpp in (24, 32):
+        return ImageInfo("bmp", height, width, bpp // 8)
+    if bpp == 8:
+        palette = _bmp_palette(f, dib_size, header)
+        return ImageInfo("bmp", height, width, None, palette=True,
+                         grey=palette.shape[1] == 1)
+    raise BadImage(f"it is a BMP with {bpp} bits per pixel; TensorFlow decodes "
+                   f"8, 24 and 32")
+
+
+def _bmp_palette(f, dib_size, header):
+    """An 8-bit BMP's colour table as (256, 1) grey levels or (256, 3) RGB."""
+    used = struct.unpack("<I", header[46:50])[0] or 256
+    f.seek(14 + dib_size)
+    table = np.frombuffer(f.read(4 * min(used, 256)), np.uint8)
+    rgb = table[:len(table) // 4 * 4].reshape(-1, 4)[:, 2::-1]
+    full = np.zeros((256, 3), np.uint8)
+    full[:len(rgb)] = rgb
+    return full[:, :1] if (full == full[:, :1]).all() else full
+
+
+def _probe_image(path):
+    """Reads the header of the image file ``path``."""
+    try:
+        with io.open_file(path, "rb") as f:
+            return probe_stream(f)
+    except _READ_ERRORS as e:
+        raise BadImage(f"it cannot be read ({e})") from e
 
 
 def probe_all(paths):
@@ -108,10 +204,79 @@ def probe_all(paths):
     for path in paths:
         try:
             infos.append(_probe_image(path))
-        except _BadImage as e:
+        except BadImage as e:
             raise DataError(f"image {path} is unreadable or corrupt: {e}. Remove or "
                             f"replace it.") from e
     return infos
+
+
+def _decode_error(e):
+    return str(e).splitlines()[0].split(" [Op:")[0].split("}} ")[-1][-200:]
+
+
+def inspect_image(data):
+    """The :class:`ImageInfo` of encoded bytes, checked by decoding them fully.
+
+    Raises:
+      BadImage: the header is broken, decoding fails, or the pixels do not
+        match the header (a truncated or damaged file).
+    """
+    info = probe_bytes(data)
+    try:
+        image = tf.io.decode_image(data, channels=0, expand_animations=False)
+    except _DECODE_ERRORS as e:
+        raise BadImage(f"decoding failed: {_decode_error(e)}") from e
+    if tuple(image.shape[:2]) != info.size:
+        raise BadImage(f"it decodes to {image.shape[0]}x{image.shape[1]} but its "
+                       f"header says {info.height}x{info.width}")
+    return info
+
+
+def to_channels(image, channels):
+    """uint8 pixels (h, w, c) converted to 1 (grey) or 3 (RGB) channels;
+    an alpha channel is dropped."""
+    have = image.shape[-1]
+    if have in (2, 4):
+        image = image[..., :have - 1]
+    if image.shape[-1] == channels:
+        return image
+    if channels == 3:
+        return np.repeat(image, 3, axis=-1)
+    return tf.image.rgb_to_grayscale(image).numpy()
+
+
+def resize_pixels(image, size, nearest=False):
+    """uint8 pixels resized to ``size`` (height, width); unchanged when they
+    already have it. ``nearest`` keeps values exact (class ids of masks)."""
+    if size is None or tuple(image.shape[:2]) == tuple(size):
+        return image
+    if nearest:
+        return tf.image.resize(image, size, method="nearest").numpy().astype(np.uint8)
+    resized = tf.image.resize(image, size, method="bilinear", antialias=True)
+    return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8).numpy()
+
+
+def decode_pixels(data, channels, size=None, name="image"):
+    """uint8 pixels (height, width, channels) of encoded bytes, resized to
+    ``size`` when given; DataError naming ``name`` when decoding fails."""
+    try:
+        if data[:2] == b"BM" or data[:6] in (b"GIF87a", b"GIF89a"):
+            # TensorFlow decodes these with their own channels only, and
+            # gives an 8-bit BMP's palette indices rather than its colours.
+            image = tf.io.decode_image(data, channels=0, expand_animations=False).numpy()
+            if data[:2] == b"BM" and image.shape[-1] == 1:
+                f = _bytes_io.BytesIO(data)
+                header = f.read(54)
+                image = _bmp_palette(f, struct.unpack("<I", header[14:18])[0],
+                                     header)[image[..., 0]]
+            image = to_channels(image, channels)
+        else:
+            image = tf.io.decode_image(data, channels=channels,
+                                       expand_animations=False).numpy()
+    except _DECODE_ERRORS as e:
+        raise DataError(f"{name} is unreadable or corrupt: decoding failed "
+                        f"({_decode_error(e)}). Remove or replace it.") from e
+    return resize_pixels(image, size)
 
 
 def list_images(directory):
@@ -128,8 +293,9 @@ def list_images(directory):
 
 
 def native_ok(info, channels):
-    """True when the file's bytes decode, unconverted, to uint8 with ``channels``."""
-    return info.channels == channels and info.eight_bit
+    """True when the file's bytes can be stored as they are: a PNG or JPEG
+    that decodes, unconverted, to uint8 with ``channels``."""
+    return info.fmt in ("png", "jpeg") and info.channels == channels and info.eight_bit
 
 
 def choose_encoding(infos, channels, size=None):
@@ -152,6 +318,19 @@ def choose_encoding(infos, channels, size=None):
     return "png", reencode
 
 
+def plan_storage(infos, channels, size):
+    """(encoding, re-encode flags) for images that end up ``size``.
+
+    When every image already has ``size`` the choice is
+    :func:`choose_encoding`'s (bytes kept where they can be); when some must
+    be resized, every image is decoded and stored as raw pixels, which saves
+    re-encoding now and decoding in every epoch.
+    """
+    if all(i.size == tuple(size) for i in infos):
+        return choose_encoding(infos, channels)
+    return "raw", np.ones(len(infos), dtype=bool)
+
+
 def check_same_size(paths, infos, hint):
     """DataError listing the files whose size differs from the first one's."""
     first = infos[0]
@@ -172,23 +351,48 @@ def image_bytes(path, reencode, channels, size, verify, expected):
     pipeline.
     """
     data = io.read_bytes(path)
-    if not (reencode or verify):
-        return data
-    try:
-        image = tf.io.decode_image(data, channels=channels if reencode else 0,
-                                   expand_animations=False)
-    except (tf.errors.InvalidArgumentError, ValueError) as e:
-        raise DataError(f"image {path} is unreadable or corrupt: decoding failed "
-                        f"({str(e).splitlines()[0][-200:]}). Remove or replace it.") from e
     if reencode:
-        if size is not None and tuple(image.shape[:2]) != tuple(size):
-            resized = tf.image.resize(image, size, method="bilinear", antialias=True)
-            image = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
-        data = tf.io.encode_png(image).numpy()
-    elif tuple(image.shape) != tuple(expected):
-        raise DataError(f"image {path} decodes to shape {tuple(image.shape)}, but its "
-                        f"header promised {tuple(expected)}; the file is corrupt.")
+        return tf.io.encode_png(decode_pixels(data, channels, size, f"image {path}")).numpy()
+    if verify:
+        try:
+            image = tf.io.decode_image(data, channels=0, expand_animations=False)
+        except _DECODE_ERRORS as e:
+            raise DataError(f"image {path} is unreadable or corrupt: decoding failed "
+                            f"({_decode_error(e)}). Remove or replace it.") from e
+        if tuple(image.shape) != tuple(expected):
+            raise DataError(f"image {path} decodes to shape {tuple(image.shape)}, but "
+                            f"its header promised {tuple(expected)}; the file is corrupt.")
     return data
+
+
+def mask_ids(data, depth, name):
+    """The class ids of an encoded PNG mask, as uint8 (height, width, 1).
+
+    Masks of 16 bits, of 1, 2 or 4 bits per sample, and grey masks saved as
+    RGB all give their ids back; a colour mask is a DataError naming ``name``.
+    """
+    try:
+        # 16-bit files decode as uint16 so their ids stay exact (asking
+        # for uint8 would rescale them).
+        mask = tf.io.decode_png(
+            data, channels=0, dtype=tf.uint16 if depth == 16 else tf.uint8).numpy()
+    except _DECODE_ERRORS as e:
+        raise DataError(f"mask {name} is unreadable or corrupt: decoding failed "
+                        f"({_decode_error(e)}). Remove or replace it.") from e
+    if depth < 8:
+        # libpng stretches 1/2/4-bit samples to 0..255 (1 -> 255 for a
+        # binary mask); undo it to get the stored class ids back.
+        mask = mask // (255 // (2 ** depth - 1))
+    if mask.shape[-1] >= 3 and not (
+            np.array_equal(mask[..., 0], mask[..., 1])
+            and np.array_equal(mask[..., 0], mask[..., 2])):
+        raise DataError(f"mask {name} is a colour image; masks must be grayscale "
+                        f"with class ids as pixel values.")
+    ids = mask[..., :1]  # drops alpha and the copies of a gray-as-RGB mask
+    if ids.max(initial=0) > 255:
+        raise DataError(f"mask {name} holds class id {int(ids.max())}; masks are "
+                        f"stored as uint8, so ids must be at most 255.")
+    return ids.astype(np.uint8)
 
 
 def mask_bytes(path, reencode, depth, verify, expected):
@@ -199,30 +403,7 @@ def mask_bytes(path, reencode, depth, verify, expected):
     """
     if not reencode:
         return image_bytes(path, False, 1, None, verify, expected)
-    data = io.read_bytes(path)
-    try:
-        # 16-bit files decode as uint16 so their ids stay exact (asking
-        # for uint8 would rescale them).
-        mask = tf.io.decode_png(
-            data, channels=0, dtype=tf.uint16 if depth == 16 else tf.uint8).numpy()
-    except tf.errors.InvalidArgumentError as e:
-        raise DataError(f"mask {path} is unreadable or corrupt: decoding failed "
-                        f"({str(e).splitlines()[0][-200:]}). Remove or replace "
-                        f"it.") from e
-    if depth < 8:
-        # libpng stretches 1/2/4-bit samples to 0..255 (1 -> 255 for a
-        # binary mask); undo it to get the stored class ids back.
-        mask = mask // (255 // (2 ** depth - 1))
-    if mask.shape[-1] >= 3 and not (
-            np.array_equal(mask[..., 0], mask[..., 1])
-            and np.array_equal(mask[..., 0], mask[..., 2])):
-        raise DataError(f"mask {path} is a colour image; masks must be grayscale "
-                        f"with class ids as pixel values.")
-    ids = mask[..., :1]  # drops alpha and the copies of a gray-as-RGB mask
-    if ids.max(initial=0) > 255:
-        raise DataError(f"mask {path} holds class id {int(ids.max())}; masks are "
-                        f"stored as uint8, so ids must be at most 255.")
-    return tf.io.encode_png(ids.astype(np.uint8)).numpy()
+    return tf.io.encode_png(mask_ids(io.read_bytes(path), depth, path)).numpy()
 
 
 def image_size_arg(image_size):

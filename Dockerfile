@@ -1,0 +1,53 @@
+# syntax=docker/dockerfile:1
+# An image that runs `python -m experiments` (train, cluster tasks, tune...):
+# the image of a Vertex AI job's containerSpec (submit --container-image) or
+# of a Kubeflow TFJob (submit --target tfjob --container-image).
+#
+# Build arguments:
+#   STACK   estimator (default): TensorFlow 2.15 + tf.estimator, both engines
+#           keras: TensorFlow 2.21 + tf-keras, the keras engine
+#   DEVICE  cpu (default) or gpu (the CUDA wheels TensorFlow installs from pip)
+#
+#   docker build -t estimator-keras:cpu .
+#   docker build --build-arg STACK=keras --build-arg DEVICE=gpu -t estimator-keras:keras-gpu .
+#   docker run --rm estimator-keras:cpu train fashion_mnist_mlp --max-steps 100
+ARG PYTHON_VERSION=3.11
+FROM python:${PYTHON_VERSION}-slim-bookworm
+
+ARG STACK=estimator
+ARG DEVICE=cpu
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TF_CPP_MIN_LOG_LEVEL=2
+
+WORKDIR /opt/estimator-keras
+COPY setup.py README.md ./
+COPY estimator_keras ./estimator_keras
+COPY experiments ./experiments
+
+# The same extras as the README's install lines. tf-keras declares the full
+# tensorflow wheel as a dependency: beside tensorflow-cpu it goes in without it.
+# DL3013: the package is this checkout; its extras pin TensorFlow.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3013
+RUN case "${STACK}-${DEVICE}" in \
+      estimator-cpu) pip install --no-cache-dir ".[cpu]" ;; \
+      estimator-gpu) pip install --no-cache-dir ".[gpu]" ;; \
+      keras-cpu) pip install --no-cache-dir ".[keras-cpu]" "tensorflow-cpu==2.21.*" \
+                 && pip install --no-cache-dir --no-deps "tf-keras==2.21.*" ;; \
+      keras-gpu) pip install --no-cache-dir ".[keras]" "tensorflow[and-cuda]==2.21.*" \
+                 "tf-keras==2.21.*" ;; \
+      *) echo "unknown STACK=${STACK} DEVICE=${DEVICE}: STACK is estimator or keras," \
+              "DEVICE is cpu or gpu" >&2; exit 2 ;; \
+    esac \
+ && python -m experiments list
+
+# Training runs as an unprivileged user; relative paths (data/, runs/) land in its home.
+RUN useradd --create-home --uid 1000 trainer
+USER 1000:1000
+WORKDIR /home/trainer
+
+ENTRYPOINT ["python", "-m", "experiments"]
+CMD ["--help"]

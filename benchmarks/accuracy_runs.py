@@ -1,0 +1,271 @@
+"""The training runs of the accuracy table, one process each, taking turns.
+
+Each run trains ``fashion_mnist_cnn``'s model from scratch in one
+uninterrupted run (no restart between chunks) and hands the CPU back to the
+parent every ``turn`` steps (:class:`benchmarks.turns.Turns`): only one run
+works at a time, and the machine's drift hits all of them alike. Its clock
+counts only its own turns: from the first "go" (TensorFlow already
+imported, the Keras runs' arrays already loaded) to each evaluation, every
+graph build, cache fill, checkpoint and evaluation included.
+
+Kinds of run:
+
+- ``keras_numpy``: plain Keras ``Model.fit`` on numpy arrays, as a Keras user
+  writes it: ``tf.keras.optimizers.Adam(1e-3)``, batch 128, shuffled, and
+  ``validation_data`` on the test arrays after every epoch;
+- ``project``: the project's own path, what ``python -m experiments train
+  fashion_mnist_cnn --hparams ...`` runs: the experiment's config with
+  overrides, ``context.input_fns``, ``context.experiment_plan`` and the
+  engine's ``train`` (evaluations reported by the plan's hooks).
+
+Knobs a run spec may set (see :data:`RUNS`): ``precision``
+("mixed_bfloat16": bfloat16 compute, float32 weights and softmax),
+``batch_scale`` (batch 128 x k, steps / k, learning rate x sqrt(k)),
+``warmup`` (fraction of the steps with a linear learning-rate warm-up, then a
+cosine decay to a tenth), ``eval_fraction`` (evaluate every this share of the
+steps), ``hparams`` (more ``--hparams``), ``engine``, ``xla`` (auto-clustering
+by ``TF_XLA_FLAGS``) and ``python`` ("estimator" or "keras" environment).
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+
+from benchmarks import common, turns
+
+EXPERIMENT = "fashion_mnist_cnn"
+LEARNING_RATE = 1e-3
+
+# name -> spec. Every project run trains the same model from the same seed.
+RUNS = {
+    "keras_numpy": {"kind": "keras_numpy", "description": "plain Keras Model.fit on numpy "
+                    "arrays, Adam(1e-3), batch 128, validation every epoch (the reference)"},
+    "project_default": {"kind": "project", "description": "the experiment as registered: "
+                        "estimator engine, cache=auto, evaluation every 2000 steps"},
+    "project_bf16": {"kind": "project", "precision": "mixed_bfloat16",
+                     "description": "mixed_bfloat16 (bfloat16 compute, float32 weights and "
+                                    "softmax)"},
+    "project_bf16_eval1000": {"kind": "project", "precision": "mixed_bfloat16",
+                              "eval_fraction": 1 / 6, "description": "mixed_bfloat16, "
+                              "evaluation every 1000 steps"},
+    "project_eval1000": {"kind": "project", "eval_fraction": 1 / 6,
+                         "description": "evaluation every 1000 steps"},
+    "project_bf16_b256_warmup": {"kind": "project", "precision": "mixed_bfloat16",
+                                 "batch_scale": 2, "warmup": 0.05, "eval_fraction": 1 / 6,
+                                 "description": "mixed_bfloat16, batch 256, learning rate "
+                                 "x sqrt(2) with 5% warm-up and cosine decay, 3000 steps"},
+    "project_record_shuffle": {"kind": "project",
+                               "hparams": {"shuffle": "record", "shuffle_buffer": 10000},
+                               "description": "shuffle=record, shuffle_buffer=10000 (the "
+                                              "issue-3 check: within 0.3 points)"},
+    "project_no_cache": {"kind": "project", "hparams": {"cache": False},
+                         "description": "cache=False (the library's default)"},
+    "project_xla": {"kind": "project", "xla": True, "description": "XLA auto-clustering "
+                    "(TF_XLA_FLAGS=--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit)"},
+    "project_keras_engine": {"kind": "project", "engine": "keras", "python": "keras",
+                             "description": "the keras engine on TensorFlow 2.16+ with "
+                                            "tf-keras"},
+    "keras3_numpy": {"kind": "keras_numpy", "python": "keras", "keras3": True,
+                     "description": "plain Keras 3 Model.fit on numpy arrays (TensorFlow "
+                                    "2.16+), as keras_numpy"},
+}
+DEFAULT_RUNS = ("keras_numpy", "project_default", "project_bf16", "project_bf16_eval1000",
+                "project_record_shuffle")
+REFERENCE = "keras_numpy"
+
+
+def plan_for(name, steps, eval_fraction, turn):
+    """The concrete settings of run ``name``: steps, evaluation interval,
+    batch, learning rate and the turn length, from the table's ``steps``."""
+    spec = dict(RUNS[name])
+    scale = int(spec.get("batch_scale", 1))
+    run_steps = max(1, steps // scale)
+    spec.update(name=name, steps=run_steps, turn=max(1, turn // scale),
+                eval_every=max(1, round(run_steps * spec.get("eval_fraction", eval_fraction))),
+                batch_size=128 * scale, learning_rate=LEARNING_RATE * math.sqrt(scale))
+    return spec
+
+
+def child_env(spec):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.dirname(common.HERE), env.get("PYTHONPATH")) if p)
+    env.pop("TF_CONFIG", None)
+    if spec.get("keras3"):
+        env.pop("TF_USE_LEGACY_KERAS", None)
+    elif spec.get("python") == "keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    if spec.get("xla"):
+        env["TF_XLA_FLAGS"] = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
+    return env
+
+
+def start(spec, python, data, arrays_file, workdir):
+    """Starts run ``spec`` under ``python``; returns its :class:`turns.Child`.
+    Read its "ready" (imports done, waiting for its first turn) before
+    giving any run a turn."""
+    argv = [python, "-m", "benchmarks.accuracy_runs", json.dumps(spec), "--data", data,
+            "--arrays", arrays_file, "--workdir", workdir]
+    return turns.Child(spec["name"], argv, env=child_env(spec))
+
+
+# --------------------------------------------------------------------------
+# Child side
+
+
+def bfloat16_builder(build):
+    """``build`` under the mixed_bfloat16 policy, its last layer (the softmax)
+    rebuilt in float32 as Keras advises for mixed precision."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    def builder():
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        try:
+            model = build()
+        finally:
+            tf.keras.mixed_precision.set_global_policy("float32")
+        last = model.layers[-1]
+
+        def clone(layer):
+            config = layer.get_config()
+            if layer is last:
+                config["dtype"] = "float32"
+            return layer.__class__.from_config(config)
+
+        return tf.keras.models.clone_model(model, clone_function=clone)
+
+    return builder
+
+
+def warmup_schedule(peak, steps, warmup):
+    """Linear warm-up to ``peak`` over ``warmup`` x steps, then a cosine decay
+    to a tenth of it (a built-in schedule, so checkpoints and clones of the
+    optimizer need no custom objects)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    warm = max(1, int(steps * warmup))
+    return tf.keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=peak / 10, decay_steps=max(1, steps - warm), alpha=0.1,
+        warmup_target=peak, warmup_steps=warm)
+
+
+def _project(spec, args, clock):
+    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+
+    engines.prefer_legacy_keras()
+    common.quiet_tensorflow()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
+    from experiments import catalog, context, hparams, registry  # pylint: disable=import-outside-toplevel
+
+    catalog.load()
+    engine = engines.get_engine(spec.get("engine") or engines.resolve_engine("auto"))
+    clock.start()
+    exp = registry.get(EXPERIMENT)
+    overrides = {"max_steps": spec["steps"], "eval_every_steps": spec["eval_every"],
+                 "log_every_steps": spec["turn"], "batch_size": spec["batch_size"],
+                 "learning_rate": spec["learning_rate"], **spec.get("hparams", {})}
+    config = hparams.with_overrides(exp.config, {k: str(v) for k, v in overrides.items()})
+    tf.keras.utils.set_random_seed(config.train.seed)
+    # As the runner does: shuffles seeded by the run's seed.
+    train_fn, eval_fn = context.input_fns(config, args.data, seed=config.train.seed)
+
+    def log(line):
+        match = re.match(r"step (\d+)", line)
+        if match:
+            clock.pause(int(match.group(1)))
+
+    def on_evaluation(checkpoint, metrics):
+        del checkpoint
+        clock.event(event="eval", step=int(metrics.get("global_step") or 0),
+                    accuracy=float(metrics["accuracy"]), loss=float(metrics.get("loss", 0.0)))
+
+    plan = context.experiment_plan(
+        exp, config, model_dir=os.path.join(args.workdir, spec["name"]), train_data=train_fn,
+        eval_data=eval_fn, hooks=base.TrainingHooks(log=log, on_evaluation=on_evaluation))
+    changes = {}
+    if spec.get("precision") == "mixed_bfloat16":
+        changes["build_model"] = bfloat16_builder(plan.build_model)
+    if spec.get("warmup"):
+        changes["learning_rate"] = warmup_schedule(spec["learning_rate"], spec["steps"],
+                                                   spec["warmup"])
+    if changes:
+        plan = dataclasses.replace(plan, **changes)
+    result = engine.train(plan)
+    metrics = base.plain_metrics(result.metrics or {})
+    clock.done(step=result.global_step, metrics={k: v for k, v in metrics.items()
+                                                 if isinstance(v, (int, float))},
+               engine=engine.name, tensorflow=tf.__version__)
+
+
+def _keras_numpy(spec, args, clock):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    common.quiet_tensorflow()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+
+    catalog.load()
+    arrays = np.load(args.arrays)
+    x, y, tx, ty = arrays["x"], arrays["y"], arrays["tx"], arrays["ty"]
+    exp = registry.get(EXPERIMENT)
+    clock.start()
+    tf.keras.utils.set_random_seed(exp.config.train.seed)
+    build = lambda: exp.build_model(exp.config.model)  # noqa: E731
+    if spec.get("precision") == "mixed_bfloat16":
+        build = bfloat16_builder(build)
+    model = build()
+    model.compile(optimizer=tf.keras.optimizers.Adam(spec["learning_rate"]),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    per_epoch = math.ceil(len(y) / spec["batch_size"])
+    state = {"step": 0}
+
+    class Turns(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            state["step"] += 1
+            if state["step"] % spec["turn"] == 0:
+                clock.pause(state["step"])
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs = logs or {}
+            clock.event(event="eval", step=state["step"],
+                        accuracy=float(logs["val_accuracy"]), loss=float(logs["val_loss"]))
+
+    model.fit(x, y, batch_size=spec["batch_size"], epochs=math.ceil(spec["steps"] / per_epoch),
+              validation_data=(tx, ty), shuffle=True, verbose=0, callbacks=[Turns()])
+    clock.done(step=state["step"], tensorflow=tf.__version__, keras=_keras_version())
+
+
+def _keras_version():
+    try:
+        import keras  # pylint: disable=import-outside-toplevel
+        return keras.__version__
+    except ImportError:
+        return None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.accuracy_runs",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec", help="the run's spec, JSON")
+    parser.add_argument("--data", required=True, help="dataset directory")
+    parser.add_argument("--arrays", required=True, help=".npz with x, y, tx, ty")
+    parser.add_argument("--workdir", required=True)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec)
+    clock = turns.Turns()
+    run = {"keras_numpy": _keras_numpy, "project": _project}[spec["kind"]]
+    try:
+        run(spec, args, clock)
+    except Exception as e:  # pylint: disable=broad-except
+        turns.emit({"event": "error", "error": f"{type(e).__name__}: {e}"[:1000]})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

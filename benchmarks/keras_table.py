@@ -1,0 +1,325 @@
+"""Table "keras": the keras engine against plain Keras ``fit`` on numpy arrays.
+
+Runs on TensorFlow 2.16+ with tf-keras (``TF_USE_LEGACY_KERAS=1``), where
+the keras engine is the only engine. For the seed MLP and the seed CNN
+(batch 128, Adam 1e-3, sparse cross-entropy), steady-state steps/s of:
+
+- ``engine``: the keras engine exactly as ``python -m experiments train``
+  runs it (``KerasEngine.train`` on the experiment's plan: its callbacks,
+  checkpoints, TensorBoard summaries, the experiments' input pipeline with
+  ``cache="auto"``). Each window is one fresh run of ``1 + 2n`` steps with a
+  progress line every n steps; the window times the n steps between the
+  two lines (model building, tracing, the cache fill, the first n steps and
+  the final checkpoint and evaluation are outside);
+- ``engine Model.fit(make_dataset)``: the same compiled model and pipeline
+  in a bare ``Model.fit``: what the engine's callbacks cost;
+- ``tf_keras fit_numpy``: plain tf-keras ``Model.fit`` on the uint8 numpy
+  arrays (``tf.keras.optimizers.Adam(1e-3)``);
+- ``keras3 fit_numpy`` and ``keras3 fit(make_dataset)``: plain Keras 3 in a
+  fresh interpreter (``TF_USE_LEGACY_KERAS`` unset), on the same arrays and
+  on this package's pipeline; it answers over a pipe, and while the other
+  variants run it waits idle (:mod:`benchmarks.turns`).
+
+Windows alternate as in every table; ``engine`` is the reference.
+"""
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import sys
+import time
+
+from benchmarks import common, training_table, turns
+from benchmarks.common import IMAGE, LABEL
+
+TABLE = "keras"
+TITLE = "keras engine vs plain Keras fit on numpy (TF 2.16+, steps/s, batch 128)"
+MODELS = ("seed_mlp", "seed_cnn")
+EXPERIMENTS = {"seed_mlp": "fashion_mnist_mlp", "seed_cnn": "fashion_mnist_cnn"}
+ENGINE = "engine"
+LEARNING_RATE = 1e-3
+
+
+def experiment(model_name):
+    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+
+    catalog.load()
+    return registry.get(EXPERIMENTS[model_name])
+
+
+def plain_compiled(model_name, seed=0):
+    """The model compiled as a plain Keras user would: current Adam 1e-3."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    tf.keras.utils.set_random_seed(seed)
+    model = training_table.build_fn(model_name)({})
+    model.compile(optimizer=tf.keras.optimizers.Adam(LEARNING_RATE),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-access
+    """``KerasEngine.train`` on the experiment's plan, timed between two of
+    its own progress lines."""
+
+    consumed = "KerasEngine.train(plan), timed by its progress lines"
+
+    def __init__(self, name, model_name, settings, path, description=""):
+        super().__init__(name, model_name, settings, description)
+        self.path = path
+        self.windows = 0
+
+    def _run(self, steps):
+        from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
+        from experiments import context  # pylint: disable=import-outside-toplevel
+
+        exp = experiment(self.model_name)
+        config = dataclasses.replace(exp.config, train=dataclasses.replace(
+            exp.config.train, max_steps=1 + 2 * steps, eval_every_steps=1 + 2 * steps,
+            log_every_steps=steps, batch_size=self.settings.batch_size))
+        train_fn, eval_fn = context.input_fns(config, self.path)
+        lines = []
+
+        def log(line):
+            match = re.match(r"step (\d+)", line)
+            if match:
+                lines.append((int(match.group(1)), time.perf_counter()))
+
+        self.windows += 1
+        model_dir = os.path.join(self.settings.workdir, TABLE,
+                                 f"{self.model_name}-{self.windows}")
+        shutil.rmtree(model_dir, ignore_errors=True)
+        plan = context.experiment_plan(exp, config, model_dir=model_dir, train_data=train_fn,
+                                       eval_data=eval_fn, eval_steps=1,
+                                       hooks=base.TrainingHooks(log=log))
+        try:
+            keras_engine.KerasEngine().train(plan)
+        finally:
+            shutil.rmtree(model_dir, ignore_errors=True)
+        if len(lines) < 2:
+            raise RuntimeError(f"expected two progress lines, got {lines}")
+        (s0, t0), (s1, t1) = lines[-2], lines[-1]
+        return s1 - s0, t1 - t0
+
+
+class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected-access
+    """The engine's compiled model and input pipeline in a bare Model.fit."""
+
+    consumed = "model.fit(make_dataset), callback timing"
+
+    def __init__(self, name, model_name, settings, path, description=""):
+        super().__init__(name, model_name, settings, description, group="knob")
+        self.path = path
+
+    def build(self):
+        from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
+        from experiments import context  # pylint: disable=import-outside-toplevel
+
+        exp = experiment(self.model_name)
+        self.model = keras_engine.compile_for_keras(context.experiment_plan(exp, exp.config))
+        train_fn, _ = context.input_fns(exp.config, self.path)
+        self.dataset = train_fn()
+
+    def _run(self, steps):
+        times = []
+        self.model.fit(self.dataset, epochs=1, steps_per_epoch=self.warm + steps, verbose=0,
+                       callbacks=[training_table.KerasTimer(times)])
+        return training_table.timed_part(times, self.warm)
+
+
+class NumpyVariant(training_table._StepWindow):  # pylint: disable=protected-access
+    """Plain tf-keras Model.fit on the numpy arrays."""
+
+    consumed = "model.fit(numpy), callback timing"
+
+    def __init__(self, name, model_name, settings, arrays, description=""):
+        super().__init__(name, model_name, settings, description)
+        self.arrays = arrays
+        self.epoch = 0
+
+    def build(self):
+        self.model = plain_compiled(self.model_name, self.settings.seed)
+
+    def _run(self, steps):
+        times = []
+        x, y = self.arrays
+        self.epoch = training_table.fit_numpy_steps(
+            self.model, x, y, self.settings.batch_size, self.warm + steps, self.epoch,
+            callbacks=[training_table.KerasTimer(times)])
+        return training_table.timed_part(times, self.warm)
+
+
+class Keras3Variant(training_table._StepWindow):  # pylint: disable=protected-access
+    """Keras 3 in a child interpreter, on numpy or on make_dataset."""
+
+    consumed = "Keras 3 model.fit in a child process, callback timing"
+
+    def __init__(self, name, model_name, settings, arrays_file, path, op, description=""):
+        super().__init__(name, model_name, settings, description)
+        self.arrays_file, self.path, self.op = arrays_file, path, op
+        self.child = None
+
+    def build(self):
+        env = keras3_env()
+        argv = [sys.executable, "-m", "benchmarks.keras_table", "--serve", self.model_name,
+                "--arrays", self.arrays_file, "--data", self.path,
+                "--batch-size", str(self.settings.batch_size), "--seed", str(self.settings.seed)]
+        self.child = turns.Child(self.name, argv, env=env)
+        ready = self.child.read()
+        self.keras_version = ready.get("keras")
+
+    def _run(self, steps):
+        reply = self.child.request({"op": self.op, "warm": self.warm, "steps": steps})
+        return reply["steps"], reply["seconds"]
+
+    def close(self):
+        if self.child is not None:
+            self.child.close()
+
+    def extra(self):
+        return dict(super().extra(), keras=getattr(self, "keras_version", None))
+
+
+def keras3_env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.dirname(common.HERE), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def serve(args):
+    """The Keras 3 child: answers "fit_numpy" / "fit_dataset" requests."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    tf = common.quiet_tensorflow()
+    import keras  # pylint: disable=import-outside-toplevel
+
+    arrays = np.load(args.arrays)
+    x, y = arrays["x"], arrays["y"]
+    numpy_model = plain_compiled(args.model, args.seed)
+    dataset_model = plain_compiled(args.model, args.seed)
+    state = {"epoch": 0, "dataset": None}
+
+    def fit_numpy(message):
+        times = []
+        total = message["warm"] + message["steps"]
+        state["epoch"] = training_table.fit_numpy_steps(
+            numpy_model, x, y, args.batch_size, total, state["epoch"],
+            callbacks=[training_table.KerasTimer(times)])
+        steps, seconds = training_table.timed_part(times, message["warm"])
+        return {"steps": steps, "seconds": seconds}
+
+    def fit_dataset(message):
+        from estimator_keras import inputs  # pylint: disable=import-outside-toplevel
+
+        if state["dataset"] is None:
+            state["dataset"] = inputs.make_dataset(args.data, args.batch_size, training=True,
+                                                   features={IMAGE: IMAGE}, label=LABEL,
+                                                   cache="auto")
+        times = []
+        dataset_model.fit(state["dataset"], epochs=1, verbose=0,
+                          steps_per_epoch=message["warm"] + message["steps"],
+                          callbacks=[training_table.KerasTimer(times)])
+        steps, seconds = training_table.timed_part(times, message["warm"])
+        return {"steps": steps, "seconds": seconds}
+
+    turns.serve({"fit_numpy": fit_numpy, "fit_dataset": fit_dataset},
+                keras=keras.__version__, tensorflow=tf.__version__)
+    return 0
+
+
+def variants(model_name, path, settings, arrays, arrays_file, keras3=True):
+    out = [
+        EngineVariant(ENGINE, model_name, settings, path,
+                      "KerasEngine.train on the experiment's plan (python -m experiments "
+                      "train --engine keras), cache=auto pipeline"),
+        EngineFitVariant("engine Model.fit(make_dataset)", model_name, settings, path,
+                         "the engine's compiled model and pipeline, bare Model.fit "
+                         "(no engine callbacks)"),
+        NumpyVariant("tf_keras fit_numpy", model_name, settings, arrays,
+                     "plain tf-keras Model.fit on numpy arrays, Adam(1e-3)"),
+    ]
+    if keras3:
+        out += [
+            Keras3Variant("keras3 fit_numpy", model_name, settings, arrays_file, path,
+                          "fit_numpy", "plain Keras 3 Model.fit on numpy arrays, Adam(1e-3), "
+                          "in a fresh interpreter"),
+            Keras3Variant("keras3 fit(make_dataset)", model_name, settings, arrays_file, path,
+                          "fit_dataset", "Keras 3 Model.fit on this package's pipeline "
+                          "(cache=auto)"),
+        ]
+    return out
+
+
+def check_environment():
+    """Raises unless tf.keras is Keras 2 from tf-keras on TensorFlow 2.16+."""
+    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+
+    engines.prefer_legacy_keras()
+    tf = common.quiet_tensorflow()
+    major, minor = (int(v) for v in tf.__version__.split(".")[:2])
+    if (major, minor) < (2, 16) or engines.keras_major_version() != 2:
+        raise RuntimeError(f"the keras table needs TensorFlow 2.16+ with tf-keras and "
+                           f"TF_USE_LEGACY_KERAS=1 (found TensorFlow {tf.__version__}, Keras "
+                           f"{engines.keras_major_version()}); run it with .venv-keras/bin/python "
+                           f"or pass --python-keras")
+    return tf
+
+
+def run(settings, path=None, models=MODELS, keras3=True):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    tf = check_environment()
+    path = path or common.dataset_path(settings)
+    arrays = common.load_arrays(path, "train")
+    arrays_file = os.path.join(settings.workdir, "keras-arrays.npz")
+    np.savez(arrays_file, x=arrays[0], y=arrays[1])
+    rows, targets = [], []
+    load_start = common.load_average()
+    for model_name in models:
+        vs = variants(model_name, path, settings, arrays, arrays_file, keras3)
+        repeats = settings.repeats_for(5 if model_name == "seed_cnn" else 7)
+        m = common.run_alternating(vs, repeats, f"{TABLE}/{model_name}", reference=ENGINE)
+        model_rows = common.rows_from(vs, m, reference=ENGINE, unit="steps/s")
+        for row in model_rows:
+            row["name"] = f"{model_name} {row['name']}"
+        rows.extend(model_rows)
+        bare = common.local_ratio(m.log, "engine Model.fit(make_dataset)", ENGINE)
+        why = (None if bare is None else
+               f"a bare Model.fit on the same pipeline runs at {bare:.2f}x the engine")
+        for other, label in (("tf_keras fit_numpy", "plain tf-keras fit on numpy"),
+                             ("keras3 fit_numpy", "plain Keras 3 fit on numpy")):
+            if other.startswith("keras3") and not keras3:
+                continue
+            targets.append(common.target(
+                f"keras.{model_name}.vs_{other.split()[0]}_numpy",
+                f"{model_name}: keras engine / {label}",
+                common.local_ratio(m.log, ENGINE, other), 1.0,
+                why=m.errors.get(other) or m.errors.get(ENGINE) or why))
+    return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
+            "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "window_steps"],
+            "targets": targets, "dataset": path, "tensorflow": tf.__version__,
+            "load_before": load_start, "load_after": common.load_average(),
+            "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
+                      "`engine` windows of the same model before and after it)",
+                      "engine windows: one fresh KerasEngine.train run each, timed between "
+                      "its progress lines; Keras 3 rows run in a child interpreter"]}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.keras_table",
+                                     description="the Keras 3 child of the keras table")
+    parser.add_argument("--serve", metavar="MODEL", dest="model", required=True)
+    parser.add_argument("--arrays", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

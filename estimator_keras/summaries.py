@@ -1,0 +1,87 @@
+"""TensorBoard HParams summaries: a run's hyperparameters beside its final metrics.
+
+:func:`write_hparams` writes, into one event file under ``log_dir``, the
+HParams plugin's session summary (``tensorboard.plugins.hparams.api.hparams``)
+and each final metric as a scalar. Point TensorBoard at the folder holding the
+runs (the trials of a study) and the HParams dashboard lists them side by side,
+one row per run, its metric columns inferred from those scalars.
+
+Works with TensorFlow 2.15 and 2.16+ with the ``tensorboard`` package (which
+TensorFlow 2.16+ no longer installs: the ``keras`` extras bring it).
+
+Example::
+
+    write_hparams("runs/study/trial-3/hparams", {"learning_rate": 0.003, "units": 128},
+                  {"accuracy": 0.84, "loss": 0.45}, step=2000)
+"""
+
+import concurrent.futures
+import numbers
+
+import tensorflow as tf
+from tensorboard.plugins.hparams import api as hp
+
+from estimator_keras import io
+
+# Not a metric: the step the metrics belong to.
+_SKIPPED_METRICS = ("global_step",)
+
+
+def _hparam_value(value):
+    """A value the HParams plugin stores (bool, int, float, str)."""
+    if isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
+def write_hparams(log_dir, hparams, metrics, step=0):
+    """Writes the hyperparameters and final metrics of one run into ``log_dir``.
+
+    Args:
+      log_dir: the run's folder (local or ``gs://``); created when missing.
+        Give each run its own (e.g. ``MODEL_DIR/hparams``): the dashboard
+        treats each folder with a session summary as one run.
+      hparams: name -> value (bool, int, float or str; other values are
+        written as text).
+      metrics: name -> number, e.g. the final evaluation; ``global_step`` is
+        left out, non-numbers are skipped.
+      step: the step the metrics were measured at.
+
+    Returns:
+      The event file written.
+    """
+    log_dir = str(log_dir)
+    io.makedirs(log_dir)
+    before = set(io.glob(io.join(log_dir, "events.out.tfevents.*")))
+    values = {str(k): _hparam_value(v) for k, v in (hparams or {}).items()}
+    if tf.executing_eagerly():
+        _write(log_dir, values, metrics, step)
+    else:
+        # Inside a graph (an Estimator's): the default graph is per thread, and
+        # a new thread writes eagerly, now.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(_write, log_dir, values, metrics, step).result()
+    written = sorted(set(io.glob(io.join(log_dir, "events.out.tfevents.*"))) - before)
+    return written[-1] if written else None
+
+
+def _write(log_dir, values, metrics, step):
+    writer = tf.summary.create_file_writer(log_dir)
+    try:
+        with writer.as_default():
+            hp.hparams(values)
+            for name, value in sorted((metrics or {}).items()):
+                if name in _SKIPPED_METRICS or isinstance(value, bool):
+                    continue
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    continue
+                tf.summary.scalar(str(name), number, step=int(step or 0))
+        writer.flush()
+    finally:
+        writer.close()

@@ -1,0 +1,192 @@
+"""What the ``list``, ``show``, ``inspect``, ``train``, ``evaluate`` and
+``export`` commands do, once :mod:`experiments.cli` has parsed their flags.
+
+Each ``cmd_*`` takes the parsed arguments and returns the exit status; it
+prints results on stdout (progress goes to stderr). Modules that load
+TensorFlow are imported by the commands that need them only, so that
+``list``, ``show`` and ``--help`` answer at once.
+"""
+
+import dataclasses
+import importlib
+import json
+import os
+
+from estimator_keras import engines, manifest
+from estimator_keras.cloud import jobenv
+from estimator_keras.engines.base import duration, format_metrics
+from estimator_keras.errors import UsageError
+from experiments import catalog, config_files, datasets, hparams, registry
+
+AIP_VARIABLES = ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
+
+
+def tensorflow_module(name):
+    """A module that loads TensorFlow, imported only by the commands that need
+    it: list, show, --help, cluster and submit start at once without it."""
+    return importlib.import_module(name)
+
+
+def data_dir(args):
+    return args.data_dir or os.environ.get("ESTIMATOR_KERAS_DATA_DIR") or "data"
+
+
+def model_dirs(args):
+    """(model dir, export dir or None for MODEL_DIR/export, tensorboard dir,
+    flat export): --model-dir, else Vertex AI's AIP_* variables (checkpoints
+    in AIP_CHECKPOINT_DIR, summaries in AIP_TENSORBOARD_LOG_DIR, the export
+    flat in AIP_MODEL_DIR), else runs/NAME."""
+    if not args.model_dir and any(os.environ.get(v) for v in AIP_VARIABLES):
+        found = jobenv.resolve_vertex_environment(None)
+        return (found["model_dir"], found["export_dir"], found["tensorboard_dir"],
+                bool(found.get("flat_export")))
+    return args.model_dir or os.path.join("runs", args.name), None, None, False
+
+
+def load_catalog(args):
+    """Fills the registry from the built-in modules, plugins and --module;
+    a broken module stops the command (``list`` shows it instead)."""
+    catalog.check(catalog.load(getattr(args, "modules", None)), args.verbose)
+
+
+def experiment_config(args, **flags):
+    """The experiment and its configuration: defaults < --config < --hparams <
+    flags (--dataset and the training flags)."""
+    load_catalog(args)
+    experiment = registry.get(args.name)
+    config = experiment.config
+    if getattr(args, "config", None):
+        config = config_files.apply(config, config_files.load(args.config),
+                                    source=f"--config {args.config}")
+    config = hparams.with_overrides(config, hparams.parse_hparams(args.hparams), **flags)
+    if getattr(args, "dataset", None):
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data,
+                                                                      dataset=args.dataset))
+    return experiment, config
+
+
+def cmd_list(args):
+    broken = catalog.load(getattr(args, "modules", None))
+    print("experiments:")
+    for name in registry.names():
+        c = registry.get(name).config
+        print(f"  {name:<20} {c.description}")
+        print(f"  {'':<20} dataset {c.data.dataset or '(--dataset)'}, batch "
+              f"{c.train.batch_size}, {c.train.max_steps} steps, lr {c.train.learning_rate}; "
+              f"from {registry.origin_of('experiment', name)}")
+    print("datasets:")
+    for name in registry.dataset_names():
+        print(f"  {name:<20} {registry.dataset(name).description}; from "
+              f"{registry.origin_of('dataset', name)}")
+    if broken:
+        print("broken plugins (their experiments are missing above):")
+        for item in broken:
+            print(f"  {item.message()}")
+    print("engines (--engine auto: estimator where available, else keras):")
+    for name, status in engines.describe():
+        print(f"  {name:<20} {status}")
+    return 0
+
+
+def trial_hparams(extra):
+    """The ``--name=value`` / ``--name value`` arguments a tuning service
+    appends to a trial's command, as ``--hparams`` text."""
+    items, rest = [], list(extra)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--") or arg == "--":
+            raise UsageError(f"a tuning trial's extra argument {arg!r} is not --name=value.")
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            if not rest or rest[0].startswith("--"):
+                raise UsageError(f"a tuning trial's argument --{name} has no value.")
+            value = rest.pop(0)
+        if "," in value:
+            raise UsageError(f"a tuning trial's value --{name}={value!r} contains a comma.")
+        items.append(f"{name}={value}")
+    return ",".join(items)
+
+
+def cmd_show(args):
+    _, config = experiment_config(args)
+    print(config_files.to_yaml(config), end="")
+    return 0
+
+
+def cmd_inspect(args):
+    verify = tensorflow_module("estimator_keras.verify")
+    report = verify.inspect(args.path, verify=args.verify)
+    print(verify.format_report(report))
+    return 1 if report.broken else 0
+
+
+def cmd_train(args):
+    train = tensorflow_module("experiments.train")
+    experiment, config = experiment_config(args, max_steps=args.max_steps,
+                                           batch_size=args.batch_size,
+                                           eval_every_steps=args.eval_every)
+    if args.preemption_grace <= 0:
+        raise UsageError(f"--preemption-grace must be a positive number of seconds; given "
+                         f"{args.preemption_grace:g}.")
+    model_dir, export_dir, tensorboard_dir, flat = model_dirs(args)
+    result = train.train(experiment, config, model_dir=model_dir, data_dir=data_dir(args),
+                         source_dir=args.source_dir, strategy=args.strategy,
+                         engine=args.engine, skip_corrupt=args.skip_corrupt, export_dir=export_dir,
+                         tensorboard_dir=tensorboard_dir, preemption_grace=args.preemption_grace,
+                         flat_export=flat, hypertune_metric=args.hypertune_metric)
+    if result.metrics:
+        print(f"final metrics: {format_metrics(result.metrics)} "
+              f"({describe_evaluation(result.evaluated)})")
+    print_export(result.export_dir)
+    local = result.task == "chief-0" and not os.environ.get("TF_CONFIG")
+    print(f"{'' if local else f'[{result.task}] '}done in {duration(result.seconds)}")
+    return 0
+
+
+def describe_evaluation(evaluated):
+    """"test split, 10,000 examples, checkpoint step 6000"."""
+    parts = [f"{evaluated['split']} split"]
+    if evaluated.get("examples"):
+        parts.append(f"{evaluated['examples']:,} examples")
+    if evaluated.get("step") is not None:
+        parts.append(f"checkpoint step {evaluated['step']}")
+    return ", ".join(parts)
+
+
+def print_export(export_dir):
+    if export_dir:
+        print(f"exported: {os.path.join(export_dir, 'model.h5')}  (Keras model, "
+              f"load_model(path, compile=False))")
+        print(f"          {os.path.join(export_dir, 'weights.h5')}  (weights only)")
+        print(f"          {os.path.join(export_dir, 'saved_model')}  (SavedModel)")
+
+
+def cmd_evaluate(args):
+    train = tensorflow_module("experiments.train")
+    experiment, config = experiment_config(args)
+    model_dir = model_dirs(args)[0]
+    metrics = train.evaluate(experiment, config, model_dir=model_dir,
+                             data_dir=data_dir(args), engine=args.engine)
+    if args.json:
+        print(json.dumps(metrics, indent=2, sort_keys=True))
+        return 0
+    path, _ = datasets.find(config.data.dataset, data_dir(args))
+    evaluated = {"split": config.data.eval_split, "step": metrics.get("global_step"),
+                 "examples": manifest.load_manifest(path).splits[
+                     config.data.eval_split].num_examples}
+    print(f"evaluated {model_dir} ({describe_evaluation(evaluated)}):")
+    for key, value in sorted(metrics.items()):
+        if key != "global_step":
+            print(f"  {key:<16} {value:.4f}")
+    return 0
+
+
+def cmd_export(args):
+    train = tensorflow_module("experiments.train")
+    experiment, config = experiment_config(args)
+    out, written = train.export(experiment, config, model_dir=model_dirs(args)[0],
+                                data_dir=data_dir(args), export_dir=args.export_dir)
+    if not written:
+        print(f"{out} already holds the export of the latest checkpoint: left as it is")
+    print_export(out)
+    return 0

@@ -1,0 +1,120 @@
+"""SIGTERM (preemption) during training: a checkpoint of the current step,
+exit status 75, no export, and a rerun that resumes from that step; and a
+resumed run that does not replay the first run's randomness."""
+
+import os
+import random
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from estimator_keras import engines
+from support import cli, latest_step, start_cli
+
+ENGINES = ["keras"] + (["estimator"] if engines.estimator_available() else [])
+# Each engine is signalled at one random step drawn from this range (seeded
+# per run, so a failure names its step).
+SIGTERM_STEPS = (40, 400)
+PREEMPTED = 75
+
+
+def _progress_steps(text):
+    return [int(s) for s in re.findall(r"^step (\d+)/\d+", text, re.M)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sigterm_saves_the_current_step_and_a_rerun_resumes(fashion_data, tmp_path, engine):
+    model_dir = tmp_path / "run"
+    target = random.Random(os.getpid()).randrange(*SIGTERM_STEPS)
+    log_path = tmp_path / "train.log"
+    common = ("train", "fashion_mnist_mlp", "--data-dir", fashion_data, "--model-dir",
+              model_dir, "--eval-every", 2500, "--batch-size", 32, "--engine", engine,
+              "--hparams", "log_every_steps=10")
+    with open(log_path, "w") as log:
+        proc = start_cli(*common, "--max-steps", 5000, log=log)
+        try:
+            deadline = time.monotonic() + 180
+            while not [s for s in _progress_steps(log_path.read_text()) if s >= target]:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.02)
+            logged = max(_progress_steps(log_path.read_text()))
+            os.kill(proc.pid, signal.SIGTERM)
+            signalled = time.monotonic()
+            returncode = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    output = log_path.read_text()
+    assert returncode == PREEMPTED, output[-3000:]
+    assert time.monotonic() - signalled < 20 + 10  # the default grace, and exiting
+    saved = latest_step(model_dir)
+    assert saved is not None and saved >= logged, (target, logged, saved, output[-2000:])
+    assert f"preempted at step {saved}; rerun the same command to resume" in output
+    assert not (model_dir / "export").exists()
+
+    rc, _, err = cli(*common, "--max-steps", saved + 40, timeout=300)
+    assert rc == 0, err[-3000:]
+    assert f"resuming from {model_dir}/model.ckpt-{saved}" in err, err[-3000:]
+    assert latest_step(model_dir) == saved + 40
+    steps = _progress_steps(err)
+    assert steps and min(steps) > saved, steps
+
+
+@pytest.mark.slow
+def test_a_resumed_run_draws_new_batches_and_fresh_runs_repeat(fashion_data, tmp_path):
+    """The first training batch after a resume differs from the first batch of
+    the original run; two fresh runs with one seed see the same batches."""
+    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.context import RunContext  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    catalog.load()
+    experiment = registry.get("fashion_mnist_mlp")
+
+    def first_batch(model_dir):
+        ctx = RunContext.build(experiment, experiment.config, model_dir=str(model_dir),
+                               data_dir=str(fashion_data), engine="keras")
+        features, labels = next(iter(ctx.train_fn()))
+        return ctx.seed, features["image"].numpy(), labels.numpy()
+
+    fresh_seed, fresh_images, fresh_labels = first_batch(tmp_path / "a")
+    again_seed, again_images, again_labels = first_batch(tmp_path / "b")
+    assert fresh_seed == again_seed == experiment.config.train.seed
+    np.testing.assert_array_equal(fresh_images, again_images)
+    np.testing.assert_array_equal(fresh_labels, again_labels)
+
+    resumed_dir = tmp_path / "resumed"
+    model = experiment.build_model(experiment.config.model)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.optimizer.iterations.assign(700)
+    tf.train.CheckpointManager(tf.train.Checkpoint(root=model), str(resumed_dir), 1,
+                               checkpoint_name="model.ckpt").save(checkpoint_number=700)
+    resumed_seed, resumed_images, _ = first_batch(resumed_dir)
+    assert resumed_seed != fresh_seed
+    assert not np.array_equal(resumed_images, fresh_images)
+
+
+@pytest.mark.slow
+def test_two_fresh_runs_give_identical_weights(fashion_data, tmp_path):
+    import h5py  # pylint: disable=import-outside-toplevel
+
+    weights = []
+    for name in ("a", "b"):
+        rc, _, err = cli("train", "fashion_mnist_cnn", "--data-dir", fashion_data,
+                         "--model-dir", tmp_path / name, "--max-steps", 30, "--eval-every", 30,
+                         "--batch-size", 32, timeout=300)
+        assert rc == 0, err[-3000:]
+        found = []
+        with h5py.File(tmp_path / name / "export" / "weights.h5", "r") as f:
+            f.visititems(lambda _, obj: found.append(np.array(obj))
+                         if isinstance(obj, h5py.Dataset) else None)
+        weights.append(found)
+    assert len(weights[0]) == 8
+    for a, b in zip(*weights):
+        np.testing.assert_array_equal(a, b)

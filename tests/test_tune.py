@@ -1,0 +1,650 @@
+"""Hyperparameter tuning: the search space, the Vertex tuning request, the
+metric report, HParams summaries, and local studies (a stand-in trainer for
+the scheduling rules, then a real study of fashion_mnist_mlp)."""
+
+import argparse
+import collections
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import mock
+import pytest
+
+from estimator_keras.cloud import backends, hypertune, packaging, submission, vertex
+from estimator_keras.cloud import space as space_lib
+from estimator_keras.cloud.spec import JobSpec
+from estimator_keras.errors import CloudError, ConfigError, Preempted, UsageError
+from experiments import submit as submit_cmd
+from experiments import tune, tune_cmd
+from support import ROOT, child_env
+
+ISSUE_SPACE = """\
+learning_rate: {type: double, min: 0.0001, max: 0.01, scale: log}
+batch_size: {type: integer, min: 64, max: 256}
+dropout: {type: discrete, values: [0.25, 0.5]}
+optimizer: {type: categorical, values: [adam, rmsprop]}
+"""
+
+ISSUE_STUDY_PARAMETERS = [
+    {"parameterId": "learning_rate", "doubleValueSpec": {"minValue": 0.0001, "maxValue": 0.01},
+     "scaleType": "UNIT_LOG_SCALE"},
+    {"parameterId": "batch_size", "integerValueSpec": {"minValue": 64, "maxValue": 256},
+     "scaleType": "UNIT_LINEAR_SCALE"},
+    {"parameterId": "dropout", "discreteValueSpec": {"values": [0.25, 0.5]},
+     "scaleType": "UNIT_LINEAR_SCALE"},
+    {"parameterId": "optimizer", "categoricalValueSpec": {"values": ["adam", "rmsprop"]}},
+]
+
+
+@pytest.fixture
+def issue_space(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(ISSUE_SPACE)
+    return str(path)
+
+
+# ------------------------------------------------------------------ search space
+
+
+def test_the_issues_space_file_becomes_vertex_parameters(issue_space):
+    space = space_lib.load_space(issue_space)
+    assert space.names == ["learning_rate", "batch_size", "dropout", "optimizer"]
+    assert space.study_parameters() == ISSUE_STUDY_PARAMETERS
+    study = space_lib.Study(space, metric="accuracy", algorithm="random")
+    assert study.study_spec() == {"metrics": [{"metricId": "accuracy", "goal": "MAXIMIZE"}],
+                                  "parameters": ISSUE_STUDY_PARAMETERS,
+                                  "algorithm": "RANDOM_SEARCH"}
+    assert space_lib.Study(space, metric="loss").study_spec()["metrics"] == [
+        {"metricId": "loss", "goal": "MINIMIZE"}]
+    assert space_lib.Study(space).study_spec()["algorithm"] == "ALGORITHM_UNSPECIFIED"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("lr: {type: float, min: 0.1, max: 1}", "unknown type 'float'"),
+    ("lr: {type: double, min: 0.1, max: 1, step: 2}", "unknown key 'step'"),
+    ("lr: {type: double, min: 0.1, max: 1, scale: exp}", "unknown scale 'exp'"),
+    ("lr: {type: double, min: 0.0, max: 1, scale: log}", "log scale needs min > 0"),
+    ("lr: {type: double, min: 1, max: 0.1}", "must be below max"),
+    ("lr: {type: double, max: 1}", "needs min"),
+    ("units: {type: integer, min: 1.5, max: 9}", "whole number"),
+    ("units: {type: discrete, values: []}", "non-empty list"),
+    ("units: {type: discrete, values: [a, b]}", "must be numbers"),
+    ("opt: {type: categorical, values: [adam, adam]}", "repeat"),
+    ("opt: {type: categorical, values: [adam], scale: log}", "unknown key 'scale'"),
+    ("opt: adam", "must map to"),
+    ("[1, 2]", "must map hyperparameter names"),
+    ("lr: {type: double, min: 0.1, max: 1", "not valid YAML"),
+])
+def test_space_errors_name_the_file_parameter_and_key(tmp_path, text, needle):
+    path = tmp_path / "space.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=needle) as info:
+        space_lib.load_space(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_trial_values_are_deterministic_per_seed_and_inside_the_ranges(issue_space):
+    space = space_lib.load_space(issue_space)
+    first = [space.trial_values(n, seed=3) for n in range(1, 41)]
+    assert first == [space.trial_values(n, seed=3) for n in range(1, 41)]
+    assert first != [space.trial_values(n, seed=4) for n in range(1, 41)]
+    # trial 7 does not depend on the trials before it (resuming draws the same)
+    assert space.trial_values(7, seed=3) == first[6]
+    for values in first:
+        assert 0.0001 <= values["learning_rate"] <= 0.01
+        assert isinstance(values["batch_size"], int) and 64 <= values["batch_size"] <= 256
+        assert values["dropout"] in (0.25, 0.5) and values["optimizer"] in ("adam", "rmsprop")
+    # a log scale spreads the draws over the decades
+    rates = [v["learning_rate"] for v in first]
+    assert sum(r < 0.001 for r in rates) >= 10 and sum(r >= 0.001 for r in rates) >= 10
+
+
+def test_grid_walks_every_combination_and_refuses_doubles(tmp_path, issue_space):
+    path = tmp_path / "grid.yaml"
+    path.write_text("units: {type: integer, min: 1, max: 3}\n"
+                    "optimizer: {type: categorical, values: [adam, sgd]}\n")
+    space = space_lib.load_space(str(path))
+    assert space.grid_size() == 6
+    assert [space.trial_values(n, algorithm="grid") for n in range(1, 7)] == [
+        {"units": u, "optimizer": o} for u in (1, 2, 3) for o in ("adam", "sgd")]
+    with pytest.raises(ConfigError, match="no trial 7"):
+        space.trial_values(7, algorithm="grid")
+    with pytest.raises(ConfigError, match="learning_rate is double"):
+        space_lib.Study(space_lib.load_space(issue_space), algorithm="grid").validate()
+
+
+# ------------------------------------------------------------ Vertex tuning job
+
+
+PACKAGE = "gs://my-bucket/tune/packages/estimator_keras-0.2.0.tar.gz"
+
+
+def _spec(**overrides):
+    fields = dict(experiment="fashion_mnist_mlp", project="my-project-123",
+                  region="us-central1", job_dir="gs://my-bucket/tune", display_name="tune-1",
+                  workers=1, accelerator="NVIDIA_TESLA_T4:1", package_uri=PACKAGE,
+                  train_args=["--max-steps", "500"])
+    fields.update(overrides)
+    return JobSpec(**fields)
+
+
+def test_tuning_request_holds_the_study_and_the_custom_jobs_pools(issue_space):
+    spec = _spec()
+    study = space_lib.Study(space_lib.load_space(issue_space), metric="accuracy", goal="max",
+                            algorithm="random", max_trials=12,
+                            parallel_trials=3)
+    body = vertex.build_tuning_job(spec, study)
+    assert body["displayName"] == "tune-1"
+    assert body["maxTrialCount"] == 12 and body["parallelTrialCount"] == 3
+    assert body["studySpec"] == {"metrics": [{"metricId": "accuracy", "goal": "MAXIMIZE"}],
+                                 "parameters": ISSUE_STUDY_PARAMETERS,
+                                 "algorithm": "RANDOM_SEARCH"}
+    trial_job = body["trialJobSpec"]
+    custom = vertex.build_custom_job(spec)["jobSpec"]
+    assert trial_job["baseOutputDirectory"] == custom["baseOutputDirectory"] == {
+        "outputUriPrefix": "gs://my-bucket/tune"}
+    assert len(trial_job["workerPoolSpecs"]) == len(custom["workerPoolSpecs"]) == 2
+    for trial_pool, pool in zip(trial_job["workerPoolSpecs"], custom["workerPoolSpecs"]):
+        args = trial_pool["pythonPackageSpec"].pop("args")
+        plain = pool["pythonPackageSpec"].pop("args")
+        assert trial_pool == pool  # machines, images, package: the same pools
+        assert args == plain + ["--tuning-trial", "--hypertune-metric", "accuracy"]
+        assert "--model-dir" not in args
+    json.dumps(body)
+
+
+def parse_submit(argv):
+    parser = argparse.ArgumentParser(prog="experiments")
+    submit_cmd.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["submit"] + argv)
+
+
+TUNE_ARGV = ["fashion_mnist_mlp", "--project", "my-project-123", "--region", "us-central1",
+             "--job-dir", "gs://my-bucket/tune", "--display-name", "tune-1",
+             "--max-steps", "500", "--max-trials", "8", "--parallel-trials", "2",
+             "--algorithm", "random", "--dry-run"]
+
+
+def test_submit_tune_dry_run_prints_the_request_and_calls_nothing(capsys, tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: double, min: 0.0001, max: 0.01, scale: log}\n"
+                     "units: {type: discrete, values: [64, 128, 256]}\n")
+    with mock.patch("subprocess.run") as run, mock.patch("subprocess.Popen") as popen, \
+            mock.patch.object(backends.Submitter, "create_tuning_job") as create, \
+            mock.patch.object(backends.Submitter, "upload") as upload:
+        # the real registry: the space's keys are checked against the experiment
+        assert submit_cmd.run(parse_submit(TUNE_ARGV + ["--tune", str(space)])) == 0
+    for m in (run, popen, create, upload):
+        m.assert_not_called()
+    out = capsys.readouterr().out
+    request_text, _, rest = out.partition("\n\n")
+    request = json.loads(request_text)
+    assert request["maxTrialCount"] == 8 and request["parallelTrialCount"] == 2
+    assert [p["parameterId"] for p in request["studySpec"]["parameters"]] == [
+        "learning_rate", "units"]
+    assert request["studySpec"]["parameters"][1]["discreteValueSpec"] == {
+        "values": [64.0, 128.0, 256.0]}
+    (pool,) = request["trialJobSpec"]["workerPoolSpecs"]
+    assert pool["pythonPackageSpec"]["args"][-3:] == ["--tuning-trial", "--hypertune-metric",
+                                                     "accuracy"]
+    commands = [line for line in rest.splitlines() if line and not line.startswith("#")]
+    assert commands[-1].split()[:4] == ["gcloud", "ai", "hp-tuning-jobs", "create"]
+
+
+def test_submit_tune_refuses_unknown_hyperparameters_and_loose_flags(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: double, min: 0.0001, max: 0.01}\n"
+                     "filters: {type: integer, min: 8, max: 64}\n")
+    with pytest.raises(ConfigError, match="parameter 'filters'.*unknown hparam 'filters'"):
+        submit_cmd.run(parse_submit(TUNE_ARGV + ["--tune", str(space)]))
+    base = TUNE_ARGV[:TUNE_ARGV.index("--max-trials")]
+    with pytest.raises(UsageError, match="--tune needs --max-trials"):
+        submit_cmd.run(parse_submit(base + ["--tune", str(space), "--dry-run"]),
+                       known_experiments=lambda name: object())
+    with pytest.raises(UsageError, match="only apply with --tune FILE"):
+        submit_cmd.run(parse_submit(base + ["--max-trials", "3", "--dry-run"]),
+                       known_experiments=lambda name: object())
+
+
+def test_submit_tune_packages_uploads_then_creates_the_tuning_job(tmp_path, issue_space):
+    submitter = mock.Mock(spec=backends.Submitter)
+    submitter.upload.side_effect = lambda local, uri: uri
+    submitter.create_tuning_job.return_value = {"name": "projects/1/hyperparameterTuningJobs/5"}
+    study = space_lib.Study(space_lib.load_space(issue_space), max_trials=4)
+    with mock.patch.object(packaging, "build_sdist",
+                           return_value=str(tmp_path / "estimator_keras-0.2.0.tar.gz")):
+        result = submission.submit(_spec(package_uri=None), submitter=submitter,
+                                   project_root=str(tmp_path), study=study)
+    submitter.create_job.assert_not_called()
+    request, project, region = submitter.create_tuning_job.call_args[0]
+    assert (project, region) == ("my-project-123", "us-central1")
+    assert request["trialJobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"][
+        "packageUris"] == [PACKAGE]
+    assert result["job"]["name"].endswith("/5")
+
+
+def test_gcloud_and_sdk_create_the_tuning_job(issue_space):
+    study = space_lib.Study(space_lib.load_space(issue_space), max_trials=4)
+    request = vertex.build_tuning_job(_spec(), study)
+    seen = {}
+
+    def fake_run(argv, **kwargs):
+        config = [a for a in argv if a.startswith("--config=")][0].split("=", 1)[1]
+        with open(config, encoding="utf-8") as f:
+            seen["config"] = json.load(f)
+        seen["argv"] = argv
+        return subprocess.CompletedProcess(argv, 0, stdout='{"name": "hp/1"}', stderr="")
+
+    with mock.patch("shutil.which", return_value="/usr/bin/gcloud"), \
+            mock.patch("subprocess.run", side_effect=fake_run):
+        job = backends.Submitter().create_tuning_job(request, "my-project-123", "us-central1")
+    assert seen["argv"][:4] == ["gcloud", "ai", "hp-tuning-jobs", "create"]
+    assert "--display-name=tune-1" in seen["argv"] and "--region=us-central1" in seen["argv"]
+    assert seen["config"] == request and job == {"name": "hp/1"}
+
+    gapic = mock.Mock()
+    gapic.JobServiceClient.return_value.create_hyperparameter_tuning_job.return_value.name = \
+        "projects/1/locations/us-central1/hyperparameterTuningJobs/9"
+    aiplatform = mock.Mock(gapic=gapic)
+    with mock.patch("shutil.which", return_value=None), \
+            mock.patch.object(backends.Submitter, "_import_sdk",
+                              staticmethod(lambda: (aiplatform, mock.Mock()))):
+        job = backends.Submitter().create_tuning_job(request, "my-project-123", "us-central1")
+    assert gapic.JobServiceClient.call_args[1] == {
+        "client_options": {"api_endpoint": "us-central1-aiplatform.googleapis.com"}}
+    kwargs = gapic.JobServiceClient.return_value.create_hyperparameter_tuning_job.call_args[1]
+    assert kwargs["parent"] == "projects/my-project-123/locations/us-central1"
+    sent = kwargs["hyperparameter_tuning_job"]
+    assert sent["max_trial_count"] == 4
+    assert sent["study_spec"]["parameters"][0]["double_value_spec"] == {
+        "min_value": 0.0001, "max_value": 0.01}
+    assert job["name"].endswith("/9")
+
+    # gcloud rejects an empty pool in --config and has no pool flags for tuning jobs
+    gappy = vertex.build_tuning_job(_spec(workers=0, ps=1), study)
+    with pytest.raises(CloudError, match="unused worker pool"):
+        backends.gcloud_tuning_command(gappy, "my-project-123", "us-central1", "c.json")
+
+
+# ------------------------------------------------------------------ metric report
+
+
+@pytest.fixture
+def fresh_hypertune(monkeypatch, tmp_path):
+    monkeypatch.setattr(hypertune, "_entries", collections.deque(maxlen=hypertune.MAX_ENTRIES))
+    monkeypatch.setattr(hypertune, "_reporter", None)
+    path = tmp_path / "hypertune" / "output.metrics"
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(path))
+    monkeypatch.setenv("CLOUD_ML_TRIAL_ID", "7")
+    return path
+
+
+def test_report_writes_the_documented_metric_file_without_the_package(fresh_hypertune):
+    with mock.patch.dict(sys.modules, {"hypertune": None}), \
+            mock.patch("time.time", return_value=1525851440.123456):
+        assert hypertune.report("accuracy", 0.8125, step=200) == str(fresh_hypertune)
+        hypertune.report("accuracy", 0.85, step=None)
+    assert fresh_hypertune.read_text() == (
+        '{"accuracy": "0.8125", "checkpoint_path": "", "global_step": "200", '
+        '"timestamp": 1525851440.123456, "trial": "7"}\n'
+        '{"accuracy": "0.85", "checkpoint_path": "", "global_step": "0", '
+        '"timestamp": 1525851440.123456, "trial": "7"}\n')
+    with mock.patch.dict(sys.modules, {"hypertune": None}):
+        for i in range(150):
+            hypertune.report("loss", i, step=i)
+    lines = fresh_hypertune.read_text().splitlines()
+    assert len(lines) == 100 and json.loads(lines[-1])["loss"] == "149.0"
+    assert [n for n in os.listdir(fresh_hypertune.parent)] == ["output.metrics"]
+
+
+def test_report_uses_cloudml_hypertune_when_installed(fresh_hypertune):
+    package = mock.Mock()
+    package.HyperTune.return_value.metric_path = "/tmp/hypertune/output.metrics"
+    with mock.patch.dict(sys.modules, {"hypertune": package}):
+        assert hypertune.report("accuracy", 0.9, step=300) == "/tmp/hypertune/output.metrics"
+        hypertune.report("accuracy", 0.95, step=400)
+    package.HyperTune.assert_called_once_with()
+    reporter = package.HyperTune.return_value
+    assert reporter.report_hyperparameter_tuning_metric.call_args_list == [
+        mock.call(hyperparameter_metric_tag="accuracy", metric_value=0.9, global_step=300),
+        mock.call(hyperparameter_metric_tag="accuracy", metric_value=0.95, global_step=400)]
+    assert not fresh_hypertune.exists()
+
+
+# -------------------------------------------------------------- HParams summaries
+
+
+def test_hparams_summaries_read_back(tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
+    from estimator_keras import summaries  # pylint: disable=import-outside-toplevel
+
+    hparams = {"learning_rate": 0.003, "units": 128, "optimizer": "adam", "cache": False}
+    with tf.Graph().as_default():  # as from inside an Estimator's graph
+        path = summaries.write_hparams(str(tmp_path / "trial-1"), hparams,
+                                       {"accuracy": 0.84, "loss": 0.45, "global_step": 2000},
+                                       step=2000)
+    assert os.path.dirname(path) == str(tmp_path / "trial-1")
+    found, scalars = None, {}
+    for event in tf.compat.v1.train.summary_iterator(path):
+        for value in event.summary.value:
+            if value.tag == metadata.SESSION_START_INFO_TAG:
+                found = metadata.parse_session_start_info_plugin_data(
+                    value.metadata.plugin_data.content)
+            elif value.HasField("tensor"):
+                scalars[value.tag] = (event.step, float(tf.make_ndarray(value.tensor)))
+    assert {k: v.WhichOneof("kind") for k, v in found.hparams.items()} == {
+        "learning_rate": "number_value", "units": "number_value",
+        "optimizer": "string_value", "cache": "bool_value"}
+    assert found.hparams["learning_rate"].number_value == pytest.approx(0.003)
+    assert found.hparams["optimizer"].string_value == "adam"
+    assert found.hparams["cache"].bool_value is False
+    assert scalars == {"accuracy": (2000, pytest.approx(0.84)),
+                       "loss": (2000, pytest.approx(0.45))}
+
+
+# ------------------------------------------------------- local study: the rules
+
+
+FAKE_TRAIN = """\
+import json, os, signal, sys, time
+args = sys.argv[1:]
+model_dir = args[args.index("--model-dir") + 1]
+hp = dict(i.split("=", 1) for i in args[args.index("--hparams") + 1].split(",") if i)
+os.makedirs(model_dir, exist_ok=True)
+with open(os.path.join(model_dir, "calls.txt"), "a") as f:
+    f.write("%d\\n" % os.getpid())
+mode = hp.get("mode", "ok")
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else
+              (lambda *a: sys.exit(75)))
+if mode == "fail":
+    sys.stderr.write("error: the stand-in trainer failed on purpose\\n")
+    sys.exit(1)
+if mode in ("hang", "stubborn"):
+    time.sleep(60)
+hold = os.environ.get("FAKE_HOLD")
+if hold and float(hp.get("x", 0)) >= 0.5:
+    deadline = time.time() + 30
+    while os.path.exists(hold) and time.time() < deadline:
+        time.sleep(0.05)
+os.makedirs(os.path.join(model_dir, "export"), exist_ok=True)
+metrics = {"accuracy": float(hp.get("x", 0)), "loss": 1.0, "global_step": 7}
+if mode == "nometric":
+    metrics.pop("accuracy")
+with open(os.path.join(model_dir, "export", "export.json"), "w") as f:
+    json.dump({"global_step": 7, "metrics": metrics}, f)
+"""
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """An 'interpreter' that runs the stand-in trainer whatever module it is asked for."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    wrapper = tmp_path / "fake-python"
+    wrapper.write_text("#!/bin/sh\nshift 2\nexec %s %s \"$@\"\n" % (sys.executable, script))
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def _study_config(tmp_path, python, space_text, algorithm="grid", trials=None, parallel=2,
+                  **kwargs):
+    path = tmp_path / "space.yaml"
+    path.write_text(space_text)
+    space = space_lib.load_space(str(path))
+    study = space_lib.Study(space, metric="accuracy", goal="max", algorithm=algorithm,
+                            max_trials=trials or space.grid_size(), parallel_trials=parallel)
+    kwargs.setdefault("grace_s", 2.0)
+    return tune.StudyConfig("fake", study, str(tmp_path / "study"), python=python,
+                            train_args=["--max-steps", "7"], **kwargs)
+
+
+def _calls(config, trial):
+    path = os.path.join(tune.trial_dir(config.model_dir, trial), "calls.txt")
+    with open(path, encoding="utf-8") as f:
+        return [int(line) for line in f.read().split()]
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_study_records_failures_picks_the_best_and_resumes(tmp_path, fake_python):
+    config = _study_config(tmp_path, fake_python,
+                           "x: {type: discrete, values: [0.1, 0.9, 0.5]}\n"
+                           "mode: {type: categorical, values: [ok, fail]}\n")
+    result = tune.run_study(config)
+    by_trial = {t.trial: t for t in result.trials}
+    assert [by_trial[n].status for n in range(1, 7)] == ["succeeded", "failed"] * 3
+    assert [by_trial[n].metric for n in (1, 3, 5)] == [0.1, 0.9, 0.5]
+    assert result.best.trial == 3 and result.best.hparams == {"x": 0.9, "mode": "ok"}
+    assert result.best.export_dir == os.path.join(config.model_dir, "trial-3", "export")
+    assert result.best.steps == 7
+    assert "failed on purpose" in by_trial[2].message and "exit 1" in by_trial[2].message
+
+    with open(os.path.join(config.model_dir, "trials.csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["trial"] for r in rows] == ["1", "2", "3", "4", "5", "6"]
+    assert [r["accuracy"] for r in rows] == ["0.1", "", "0.9", "", "0.5", ""]
+    assert [r["x"] for r in rows] == ["0.1", "0.1", "0.9", "0.9", "0.5", "0.5"]
+    assert all(float(r["wall_time_s"]) >= 0 for r in rows)
+    with open(os.path.join(config.model_dir, "trials.json"), encoding="utf-8") as f:
+        table = json.load(f)
+    assert table["best"] == 3 and table["study"]["space"]["mode"]["values"] == ["ok", "fail"]
+    assert [t["status"] for t in table["trials"]] == ["succeeded", "failed"] * 3
+    assert not [n for n in os.listdir(config.model_dir) if ".tmp-" in n]
+
+    # Resumed: nothing finished runs again; --retry-failed reruns the failures only.
+    again = tune.run_study(config)
+    assert [t.status for t in again.trials] == ["succeeded", "failed"] * 3
+    assert all(len(_calls(config, n)) == 1 for n in range(1, 7))
+    tune.run_study(dataclasses_replace(config, retry_failed=True))
+    assert [len(_calls(config, n)) for n in range(1, 7)] == [1, 2, 1, 2, 1, 2]
+
+    with pytest.raises(ConfigError, match="holds another study.*train_args"):
+        tune.run_study(dataclasses_replace(config, train_args=["--max-steps", "8"]))
+
+
+def dataclasses_replace(config, **changes):
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    return dataclasses.replace(config, **changes)
+
+
+def test_trials_past_their_timeout_are_ended_by_pid(tmp_path, fake_python):
+    config = _study_config(tmp_path, fake_python,
+                           "mode: {type: categorical, values: [hang, stubborn, ok, nometric]}\n"
+                           "x: {type: discrete, values: [0.3]}\n",
+                           parallel=4, trial_timeout_s=2.0, grace_s=1.0)
+    started = time.monotonic()
+    result = tune.run_study(config)
+    assert time.monotonic() - started < 20
+    status = {t.hparams["mode"]: t for t in result.trials}
+    assert status["hang"].status == "timeout" and "--trial-timeout" in status["hang"].message
+    assert status["stubborn"].status == "timeout"  # ignored SIGTERM: SIGKILL after the grace
+    assert status["ok"].status == "succeeded" and result.best is status["ok"]
+    assert status["nometric"].status == "failed"
+    assert "no metric 'accuracy'; its metrics: global_step, loss" in status["nometric"].message
+    for trial in result.trials:
+        assert not any(_pid_alive(pid) for pid in _calls(config, trial.trial))
+
+
+def test_a_stopped_study_ends_its_trials_and_resumes_the_rest(tmp_path, fake_python,
+                                                              monkeypatch):
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    monkeypatch.setenv("FAKE_HOLD", str(hold))
+    config = _study_config(tmp_path, fake_python,
+                           "x: {type: discrete, values: [0.2, 0.4, 0.6, 0.8]}\n", parallel=2)
+    table = os.path.join(config.model_dir, "trials.json")
+
+    def stop_after_two():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with open(table, encoding="utf-8") as f:
+                    rows = json.load(f)["trials"]
+            except (OSError, ValueError):
+                rows = []
+            if [r["status"] for r in rows] == ["succeeded", "succeeded", "running", "running"]:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=stop_after_two)
+    watcher.start()
+    with pytest.raises(Preempted, match="Run the same command again"):
+        tune.run_study(config)
+    watcher.join()
+    with open(table, encoding="utf-8") as f:
+        assert [r["status"] for r in json.load(f)["trials"]] == [
+            "succeeded", "succeeded", "interrupted", "interrupted"]
+    held = _calls(config, 3) + _calls(config, 4)
+    assert not any(_pid_alive(pid) for pid in held)
+    assert signal.getsignal(signal.SIGTERM) is not None  # handlers put back
+
+    hold.unlink()
+    result = tune.run_study(config)
+    assert [t.status for t in result.trials] == ["succeeded"] * 4
+    assert [len(_calls(config, n)) for n in range(1, 5)] == [1, 1, 2, 2]
+    assert result.best.trial == 4
+
+
+def test_tune_command_checks_the_space_against_the_experiment(tmp_path):
+    parser = argparse.ArgumentParser(prog="experiments")
+    tune_cmd.add_parser(parser.add_subparsers(dest="command"))
+    space = tmp_path / "space.yaml"
+
+    def config_for(text, *extra):
+        space.write_text(text)
+        args = parser.parse_args(["tune", "fashion_mnist_mlp", "--space", str(space),
+                                  "--model-dir", str(tmp_path / "study"),
+                                  "--data-dir", str(tmp_path / "data"), *extra])
+        return tune_cmd.build_config(args)
+
+    config = config_for("learning_rate: {type: double, min: 0.0003, max: 0.3, scale: log}\n",
+                        "--parallel", "2", "--max-steps", "30", "--hparams", "units=64")
+    assert config.study.max_trials == space_lib.DEFAULT_RANDOM_TRIALS
+    assert config.study.metric == "accuracy" and config.study.resolved_goal == "max"
+    assert config.train_args == ["--data-dir", str(tmp_path / "data"), "--max-steps", "30"]
+    assert config.prepare_command[-4:] == ["prepare", "fashion_mnist", "--data-dir",
+                                           str(tmp_path / "data")]
+    trial = tune.plan(config)[0]
+    command = tune._trial_command(config, trial)  # pylint: disable=protected-access
+    hparams = command[command.index("--hparams") + 1]
+    assert hparams.startswith("units=64,learning_rate=")
+    assert command[command.index("--model-dir") + 1] == os.path.join(
+        str(tmp_path / "study"), "trial-1")
+
+    with pytest.raises(ConfigError, match="parameter 'depth'.*unknown hparam 'depth'"):
+        config_for("depth: {type: integer, min: 1, max: 4}\n")
+    with pytest.raises(ConfigError, match="parameter 'units'.*expected int"):
+        config_for("units: {type: double, min: 0.5, max: 4.5}\n")
+    with pytest.raises(ConfigError, match="both in --hparams and in the search space"):
+        tune.run_study(config_for("units: {type: integer, min: 1, max: 4}\n",
+                                  "--hparams", "units=3"))
+
+
+# --------------------------------------------------------- local study: for real
+
+
+def _tune_command(*args):
+    """``python -m experiments tune ...`` once the CLI has the command, else
+    the same through tune_cmd directly (with the CLI's exit codes)."""
+    from experiments import cli  # pylint: disable=import-outside-toplevel
+    try:
+        cli.build_parser().parse_args(["tune", "x", "--space", "s", "--model-dir", "d"])
+        return [sys.executable, "-m", "experiments", "tune", *map(str, args)]
+    except SystemExit:
+        pass
+    driver = ("import argparse, sys\n"
+              "from estimator_keras.errors import EstimatorKerasError, Preempted\n"
+              "from experiments import tune_cmd\n"
+              "p = argparse.ArgumentParser(prog='experiments')\n"
+              "tune_cmd.add_parser(p.add_subparsers(dest='command'))\n"
+              "try:\n"
+              "    sys.exit(tune_cmd.run(p.parse_args(['tune'] + sys.argv[1:])))\n"
+              "except EstimatorKerasError as e:\n"
+              "    sys.stderr.write('error: %s\\n' % e)\n"
+              "    sys.exit(75 if isinstance(e, Preempted) else 1)\n")
+    return [sys.executable, "-c", driver, *map(str, args)]
+
+
+def _processes_mentioning(text):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_real_study_of_the_mlp_on_fashion_mnist_is_interrupted_and_resumed(
+        fashion_data, tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: double, min: 0.0003, max: 0.3, scale: log}\n")
+    study_dir = tmp_path / "study"
+    command = _tune_command("fashion_mnist_mlp", "--space", space, "--trials", 4,
+                            "--parallel", 2, "--seed", 1, "--model-dir", study_dir,
+                            "--data-dir", fashion_data, "--max-steps", 30, "--eval-every", 30,
+                            "--batch-size", 32)
+    log = open(tmp_path / "first.log", "w")  # pylint: disable=consider-using-with
+    proc = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        table = study_dir / "trials.json"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            rows = json.loads(table.read_text())["trials"] if table.exists() else []
+            if any(r["status"] == "succeeded" for r in rows):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGTERM)  # the study, by its PID
+        assert proc.wait(timeout=120) == 75, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    first = {r["trial"]: r for r in json.loads((study_dir / "trials.json").read_text())["trials"]}
+    finished = [n for n, r in first.items() if r["status"] == "succeeded"]
+    assert finished and all(r["status"] in ("succeeded", "interrupted", "pending")
+                            for r in first.values())
+    assert not _processes_mentioning(str(study_dir))  # every trial ended
+    stamps = {n: os.stat(study_dir / ("trial-%d" % n) / "export" / "export.json").st_mtime_ns
+              for n in finished}
+
+    done = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                          timeout=360)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(study_dir / "trials.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["trial"] for r in rows] == ["1", "2", "3", "4"]
+    assert all(r["status"] == "succeeded" and r["steps"] == "30" for r in rows)
+    metrics = {int(r["trial"]): float(r["accuracy"]) for r in rows}
+    assert all(0.0 < m <= 1.0 for m in metrics.values())
+    best = max(metrics, key=lambda n: (metrics[n], -n))
+    assert "best trial %d: accuracy" % best in done.stdout
+    assert str(study_dir / ("trial-%d" % best) / "export" / "model.h5") in done.stdout
+    for n in finished:  # not run again
+        header_lines = [line for line in (study_dir / ("trial-%d" % n) / "train.log")
+                        .read_text().splitlines() if line.startswith("$ ")]
+        assert len(header_lines) == 1
+        assert os.stat(study_dir / ("trial-%d" % n) / "export" / "export.json"
+                       ).st_mtime_ns == stamps[n]
+    rates = {int(r["trial"]): float(r["learning_rate"]) for r in rows}
+    assert len(set(rates.values())) == 4 and all(0.0003 <= r <= 0.3 for r in rates.values())
