@@ -127,15 +127,12 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
 
     parent = io.parent(export_dir)
     io.makedirs(parent)
-    # Named after the target: the evaluator's best export and the chief's
-    # final one may be staged in the same folder at the same time.
-    prefix = f".{io.basename(export_dir)}.tmp-"
+    prefix = _staging_prefix(export_dir)
     remote = io.is_remote(export_dir)
     # Built next to the destination when local (one rename swaps it in), else
     # locally and copied: h5py cannot write to gs://.
     if not remote:
-        for stale in io.stale_entries(parent, prefix + "*", pid_alive):
-            io.rmtree(io.join(parent, stale))
+        remove_stale_staging(export_dir)
     staging = io.new_dir(tempfile.gettempdir() if remote else parent, prefix)
     try:
         # The SavedModel first: saving it flat wants the folder to itself.
@@ -162,6 +159,21 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     finally:
         io.rmtree(staging)
     return export_dir
+
+
+def _staging_prefix(export_dir):
+    # Named after the target: the evaluator's best export and the chief's
+    # final one may be staged in the same folder at the same time.
+    return f".{io.basename(export_dir)}.tmp-"
+
+
+def remove_stale_staging(export_dir):
+    """Removes what exports to ``export_dir`` killed midway left beside it."""
+    parent = io.parent(str(export_dir).rstrip("/"))
+    if io.is_remote(parent):
+        return
+    for stale in io.stale_entries(parent, _staging_prefix(export_dir) + "*", pid_alive):
+        io.rmtree(io.join(parent, stale))
 
 
 def recover_export(export_dir):
@@ -233,6 +245,13 @@ def read_export_info(export_dir):
     except ValueError:
         return None
     return info if isinstance(info, dict) else None
+
+
+def is_export_of(info, checkpoint):
+    """Whether an export.json (a dict, or None) belongs to ``checkpoint``;
+    by the checkpoint's own name, so that a moved model dir still matches."""
+    return bool(info) and io.basename(str(info.get("checkpoint") or "")) == io.basename(
+        str(checkpoint))
 
 
 def _recorded_metric(export_dir, metric):

@@ -441,6 +441,9 @@ def resolve(path_or_pattern, split="train", schema=None, check_sizes=True):
         missing or shorter than the manifest says.
     """
     path = str(path_or_pattern)
+    if not is_pattern(path) and not io.exists(path):
+        raise DataError(f"{path} does not exist: expected a dataset directory with "
+                        f"{MANIFEST_NAME}, a TFRecord file, or a glob matching TFRecord files.")
     if not is_pattern(path) and io.isdir(path):
         manifest = load_manifest(path)
         files = manifest.files(split)

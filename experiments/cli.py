@@ -103,6 +103,9 @@ def build_parser():
                                       "weights.h5 and saved_model/")
     _add_train_flags(p)
     p.add_argument("--export-dir", metavar="DIR", help="default MODEL_DIR/export")
+    p.add_argument("--force", action="store_true",
+                   help="write the export even when the export dir already holds the "
+                        "latest checkpoint's")
 
     p = sub.add_parser("show", help="print an experiment's resolved configuration as YAML")
     p.add_argument("name", metavar="NAME", help="experiment name (see `list`)")
@@ -215,6 +218,13 @@ def main(argv=None):
         return 2
     except Preempted as e:
         sys.stderr.write(_one_paragraph(e) + "\n")
+        if args.command == "train":
+            # The checkpoint is saved; TensorFlow's teardown (a multi-worker
+            # runtime waiting for peers that are gone) must not outlast the
+            # grace period, nor meet the launcher's next SIGTERM.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(e.exit_code)
         return e.exit_code
     except EstimatorKerasError as e:
         _fail(e, args.verbose)

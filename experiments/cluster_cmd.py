@@ -80,9 +80,11 @@ def _train_argv(args, extra_argv):
         extra += ["--strategy", "parameter_server"]
     if _flag_value(extra, "--preemption-grace") is None:
         extra += ["--preemption-grace", f"{args.preemption_grace:g}"]
-    # The experiment may come from the user's modules: each task imports them too.
+    # The experiment may come from the user's modules: each task imports them
+    # too, files and folders by their absolute path.
     for module in getattr(args, "modules", None) or ():
-        extra += ["--module", module]
+        path = os.path.expanduser(module)
+        extra += ["--module", os.path.abspath(path) if os.path.exists(path) else module]
     return [sys.executable, "-m", "experiments", "train", args.name,
             "--model-dir", args.model_dir, *extra]
 

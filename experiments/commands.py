@@ -185,8 +185,10 @@ def cmd_export(args):
     train = tensorflow_module("experiments.train")
     experiment, config = experiment_config(args)
     out, written = train.export(experiment, config, model_dir=model_dirs(args)[0],
-                                data_dir=data_dir(args), export_dir=args.export_dir)
+                                data_dir=data_dir(args), export_dir=args.export_dir,
+                                force=args.force)
     if not written:
-        print(f"{out} already holds the export of the latest checkpoint: left as it is")
+        print(f"{out} already holds the export of the latest checkpoint: left as it is "
+              f"(--force writes it again)")
     print_export(out)
     return 0

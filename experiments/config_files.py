@@ -29,7 +29,7 @@ import typing
 import yaml
 
 from estimator_keras import io
-from estimator_keras.errors import ConfigError, UsageError
+from estimator_keras.errors import ConfigError, ModelDirError, UsageError
 from experiments import hparams
 from experiments.config import DataConfig, TrainConfig
 from experiments.data_info import DataInfo
@@ -154,23 +154,25 @@ def differences(before, after):
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
-def check(model_dir, config, dataset_path, data):
-    """Refuses a model dir whose checkpoints were trained with other model or
-    data settings than this run's (a dir without checkpoints takes any)."""
+def changed_settings(model_dir, config, dataset_path, data):
+    """``key: before -> after`` for each model or data setting this run
+    changes in a model dir that has checkpoints (empty otherwise)."""
     path = io.join(model_dir, RUN_CONFIG)
-    if not io.exists(path) or not any(n == "checkpoint" for n in io.listdir(model_dir)):
-        return
+    if not io.exists(path) or "checkpoint" not in io.listdir(model_dir):
+        return []
     try:
         before = yaml.safe_load(io.read_text(path)) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML ({e}); move it aside to train on "
-                          f"in this model dir.") from e
-    changed = differences(before, record(config, dataset_path, data))
-    if changed:
-        raise ConfigError(
-            f"{model_dir} was trained with other model or data settings ({path}): "
-            f"{'; '.join(changed)}. Its checkpoints belong to that model: use another "
-            f"--model-dir, or the settings it was trained with.")
+        raise ModelDirError(f"{path} is not valid YAML ({e}); move it aside to train on "
+                            f"in this model dir.") from e
+    return differences(before, record(config, dataset_path, data))
+
+
+def refusal(model_dir, changed):
+    """The sentence that refuses a model dir trained with other settings."""
+    return (f"{model_dir} was trained with other model or data settings "
+            f"({io.join(model_dir, RUN_CONFIG)}): {'; '.join(changed)}. Its checkpoints belong "
+            f"to that model: use another --model-dir, or the settings it was trained with.")
 
 
 def write(model_dir, config, dataset_path, data):

@@ -83,6 +83,24 @@ def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None):
     return train_fn, eval_fn
 
 
+def _refuse_input(feature, input_name, expected, spec, dataset_path):
+    raise SchemaError(
+        f"record feature {feature!r} does not fit model input {input_name!r}: the model "
+        f"expects {expected}, the records hold {spec.dtype} shape {list(spec.shape)} "
+        f"({spec.encoding}) in {dataset_path}.")
+
+
+def check_numeric_inputs(config, dataset_path):
+    """Fails before any model is built when a model input would get a
+    feature of strings."""
+    schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
+    mapping = inputs.feature_map(schema, config.data.features, config.data.label)
+    for input_name, feature in mapping.items():
+        if schema[feature].encoding == "bytes":
+            _refuse_input(feature, input_name, "numbers (or images)", schema[feature],
+                          dataset_path)
+
+
 def check_inputs(model, config, dataset_path):
     """Fails before training when records do not fit the model's inputs,
     with expected and found side by side."""
@@ -93,11 +111,8 @@ def check_inputs(model, config, dataset_path):
         spec = schema[mapping[input_name]]
         expected = tuple(tensor.shape[1:])
         if spec.encoding in ("bytes",) or tuple(spec.shape) != expected:
-            raise SchemaError(
-                f"record feature {mapping[input_name]!r} does not fit model input "
-                f"{input_name!r}: the model expects shape {list(expected)} "
-                f"(numeric), the records hold {spec.dtype} shape {list(spec.shape)} "
-                f"({spec.encoding}) in {dataset_path}.")
+            _refuse_input(mapping[input_name], input_name,
+                          f"shape {list(expected)} (numeric)", spec, dataset_path)
     return schema, mapping
 
 
@@ -122,6 +137,8 @@ class RunContext:
       data: the dataset's :class:`~experiments.data_info.DataInfo`.
       flat_export: the final export in Vertex's layout (SavedModel at the root).
       hypertune_metric: a tuning trial's metric, reported to Vertex at the end.
+      changed: the model or data settings this run changes in a model dir
+        with checkpoints (see :mod:`experiments.config_files`).
     """
 
     experiment: object
@@ -145,6 +162,7 @@ class RunContext:
     data: object = None
     flat_export: bool = False
     hypertune_metric: str = None
+    changed: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def build(cls, experiment, config, *, model_dir, data_dir, source_dir=None,
@@ -174,28 +192,30 @@ class RunContext:
         context.log_header()
         context.dataset_path = ensure_data(config, data_dir, source_dir,
                                            is_chief=info.is_chief, num_workers=prepare_workers)
+        check_numeric_inputs(config, context.dataset_path)
         context.data = data_info.describe(manifest.load_manifest(context.dataset_path),
                                           config.data)
-        config_files.check(model_dir, config, context.dataset_path, context.data)
+        context.changed = config_files.changed_settings(model_dir, config, context.dataset_path,
+                                                        context.data)
         latest = tf.train.latest_checkpoint(str(model_dir))
         context.start_step = (checkpoints.checkpoint_step(latest) or 0) if latest else 0
         context.seed = base.run_seed(config.train.seed, context.start_step)
-        if context.seed != config.train.seed:
-            context.log(f"resuming at step {context.start_step} with random seed {context.seed} "
-                        f"(from seed {config.train.seed} and the step): new shuffles and "
-                        f"dropout, not the first run's again")
         tf.keras.utils.set_random_seed(context.seed)
         context.probe = context.build_model()
         check_inputs(context.probe, config, context.dataset_path)
         context.train_fn, context.eval_fn = input_fns(config, context.dataset_path, info,
                                                       skip_corrupt, context.seed)
-        if info.is_chief:
-            config_files.write(model_dir, config, context.dataset_path, context.data)
         return context
 
     def log(self, message):
         # Task names only where there are several tasks to tell apart.
         say(f"[{self.info.task_name}] {message}" if self.info.is_distributed else message)
+
+    def log_seed(self):
+        if self.seed != self.config.train.seed:
+            self.log(f"resuming at step {self.start_step} with random seed {self.seed} (from "
+                     f"seed {self.config.train.seed} and the step): new shuffles and dropout, "
+                     f"not the first run's again")
 
     def log_header(self):
         config, train = self.config, self.config.train

@@ -28,7 +28,8 @@ from estimator_keras.cloud import hypertune
 from estimator_keras.engines import base
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
 from estimator_keras.engines.keras import SUMMARY_SUBDIRS
-from estimator_keras.errors import ConfigError, CorruptRecordError, DataError, EstimatorKerasError
+from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
+                                    ModelDirError)
 from estimator_keras.modeldir import ModelDirLock
 from experiments import context as context_lib
 from experiments import config_files, data_info, datasets
@@ -80,6 +81,7 @@ class Runner:
         with ModelDirLock(ctx.model_dir):
             export_lib.recover_export(self._export_dir())
             latest = self._check_checkpoint()
+            config_files.write(ctx.model_dir, ctx.config, ctx.dataset_path, ctx.data)
             if latest and (checkpoints.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
                 return self._already_trained(latest)
             if latest and ctx.engine.name == "estimator":
@@ -129,21 +131,34 @@ class Runner:
 
     def _train(self, is_chief):
         ctx = self.ctx
-        # Tasks that run no steps of their own stop at once on a signal.
-        watch = PreemptionWatch(ctx.preemption_grace, log=ctx.log,
-                                stop_at_once=ctx.info.task_type in ("evaluator", "ps"))
+        # The evaluator runs no steps of its own: it stops at once on a
+        # signal. A parameter server waits inside TensorFlow, where no Python
+        # handler runs: it keeps the signals' own effect.
+        watch = None if ctx.info.task_type == "ps" else PreemptionWatch(
+            ctx.preemption_grace, log=ctx.log, stop_at_once=ctx.info.is_evaluator)
         plan = self._plan(preemption=watch)
         ctx.engine.prepare(plan, is_chief)
-        with watch, _data_errors_explained(ctx.dataset_path, ctx.train_fn, ctx.eval_fn):
+        with watch or contextlib.nullcontext(), _data_errors_explained(
+                ctx.dataset_path, ctx.train_fn, ctx.eval_fn):
             return ctx.engine.train(plan)
 
     def _check_checkpoint(self):
         """A checkpoint in the model dir must fit the model and the engine;
         returns it (None when there is none)."""
-        latest = tf.train.latest_checkpoint(self.ctx.model_dir)
+        ctx = self.ctx
+        latest = tf.train.latest_checkpoint(ctx.model_dir)
         if latest:
-            checkpoints.check_compatible(self.ctx.probe, latest)
-            self.ctx.engine.check_can_restore(latest)
+            try:
+                checkpoints.check_compatible(ctx.probe, latest)
+            except ModelDirError as e:
+                if ctx.changed:
+                    raise ModelDirError(f"{e} {config_files.refusal(ctx.model_dir, ctx.changed)}"
+                                        ) from None
+                raise
+            if ctx.changed:
+                raise ModelDirError(config_files.refusal(ctx.model_dir, ctx.changed))
+            ctx.engine.check_can_restore(latest)
+            ctx.log_seed()
         return latest
 
     def _on_evaluation(self, checkpoint, metrics):
@@ -199,7 +214,7 @@ class Runner:
         ctx.log(f"{ctx.model_dir} is already at step {step} (--max-steps "
                 f"{ctx.config.train.max_steps}): nothing to train. Raise --max-steps to train on.")
         recorded = export_lib.read_export_info(self._export_dir())
-        if recorded and recorded.get("checkpoint") == latest and recorded.get("metrics"):
+        if export_lib.is_export_of(recorded, latest) and recorded.get("metrics"):
             ctx.log(f"the export in {self._export_dir()} is of that checkpoint: left as it is")
             return recorded["metrics"], self._export_dir()
         metrics = ctx.engine.evaluate(self._plan(), latest)
@@ -267,25 +282,27 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
     return engine.evaluate(plan, checkpoint)
 
 
-def export(experiment, config, *, model_dir, data_dir=None, export_dir=None):
+def export(experiment, config, *, model_dir, data_dir=None, export_dir=None, force=False):
     """Exports the latest checkpoint of ``model_dir`` (model.h5, weights.h5,
     saved_model/, export.json as ``train`` writes it). Returns (export dir,
     whether it was written): an export of that checkpoint whose export.json
-    is at least as complete is left as it is.
+    is at least as complete is left as it is, unless ``force``.
 
     The metrics go into export.json when an evaluation of that checkpoint is
     on record (the train run's export, or the best-model export)."""
     checkpoint = checkpoints.latest_checkpoint(model_dir)
     target = export_dir or io.join(model_dir, export_lib.EXPORT_DIR)
+    export_lib.recover_export(target)
+    export_lib.remove_stale_staging(target)
     known = None
     for folder in (target, io.join(model_dir, export_lib.EXPORT_DIR),
                    io.join(model_dir, export_lib.BEST_DIR)):
         info = export_lib.read_export_info(folder)
-        if info and info.get("checkpoint") == checkpoint and info.get("metrics"):
+        if export_lib.is_export_of(info, checkpoint) and info.get("metrics"):
             known = info["metrics"]
             break
     recorded = export_lib.read_export_info(target)
-    if recorded and recorded.get("checkpoint") == checkpoint and (
+    if not force and export_lib.is_export_of(recorded, checkpoint) and (
             recorded.get("metrics") or not known):
         return target, False
     dataset_path = schema = None

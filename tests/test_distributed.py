@@ -440,8 +440,11 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes(data_dir, tmp_path, eng
 
 # --------------------------------------------------------------------------- preemption
 
+PREEMPTION_TARGETS = ("chief", "launcher")
+
+
 @pytest.mark.parametrize("engine", [pytest.param("estimator", marks=needs_estimator), "keras"])
-@pytest.mark.parametrize("target", ["chief", "launcher"])
+@pytest.mark.parametrize("target", PREEMPTION_TARGETS)
 def test_sigterm_to_the_chief_or_the_launcher_keeps_the_step(data_dir, tmp_path, engine, target):
     """SIGTERM (a preemption) to the chief of a multi_worker_mirrored cluster, or
     to the `cluster` launcher: the newest checkpoint is no older than the last

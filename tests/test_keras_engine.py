@@ -99,7 +99,7 @@ def test_export_loads_in_plain_keras_in_a_fresh_process(keras_run, tmp_path):
         np.save("from_h5.npy", m.predict(x, verbose=0))
         served = tf.saved_model.load({str(export / "saved_model")!r})
         out = served.signatures["serving_default"](image=tf.constant(x))
-        np.save("from_saved_model.npy", list(out.values())[0].numpy())
+        np.save("from_saved_model.npy", out["probabilities"].numpy())
     """), cwd=tmp_path)
     np.testing.assert_allclose(np.load(tmp_path / "from_h5.npy"), expected, atol=1e-6)
     np.testing.assert_allclose(np.load(tmp_path / "from_saved_model.npy"), expected, atol=1e-5)
@@ -190,7 +190,7 @@ def test_estimator_model_dir_moves_to_the_keras_engine(fashion_data, tmp_path):
     estimator_accuracy = _accuracy(out)
     # The keras engine reads the Estimator's checkpoint exactly...
     rc, out, err = cli("evaluate", "fashion_mnist_cnn", "--data-dir", fashion_data,
-                       "--model-dir", model_dir, "--engine", "keras")
+                       "--model-dir", model_dir, "--engine", "keras", "--json")
     assert rc == 0, err[-2000:]
     assert abs(json.loads(out)["accuracy"] - estimator_accuracy) < 1e-4
     assert json.loads(out)["global_step"] == 60

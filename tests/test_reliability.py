@@ -91,14 +91,33 @@ def test_truncated_shard_is_refused_before_training(fashion_data, tmp_path):
 def _write(root, arrays):
     from estimator_keras import records
     records.write_dataset({"train": arrays, "test": arrays}, str(root / "fashion_mnist"),
-                          num_shards=1, progress=False, name="fashion_mnist")
+                          num_shards=1, progress=False, name="fashion_mnist",
+                          labels={"label": {"num_classes": 10, "class_names": None}})
+
+
+# The built-in builders size their models from the data; a builder with a
+# fixed input, as many users write, meets records of another shape.
+FIXED_SHAPE_MODULE = """
+from experiments import DataConfig, Experiment, ExperimentConfig, TrainConfig, register
+
+def build(hparams):
+    import tensorflow as tf
+    inputs = tf.keras.Input((28, 28, 1), name="image")
+    x = tf.keras.layers.Flatten()(inputs)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(10, activation="softmax")(x))
+
+register(Experiment(ExperimentConfig(name="fixed_28", description="28x28 only",
+                                     data=DataConfig(dataset="fashion_mnist")), build))
+"""
 
 
 def test_image_shape_mismatch_fails_before_first_step(tmp_path):
     rng = np.random.default_rng(0)
     _write(tmp_path / "data", {"image": rng.integers(0, 255, (64, 32, 32, 1), dtype=np.uint8),
                                "label": rng.integers(0, 10, 64)})
-    rc, _, err = _train(tmp_path / "data", tmp_path / "run")
+    module = tmp_path / "fixed.py"
+    module.write_text(FIXED_SHAPE_MODULE)
+    rc, _, err = _train(tmp_path / "data", tmp_path / "run", "--module", module, name="fixed_28")
     assert rc == 1
     _no_traceback(err)
     assert "expects shape [28, 28, 1]" in err and "shape [32, 32, 1]" in err
@@ -231,7 +250,8 @@ def test_kill_during_export_leaves_previous_export_intact(trained_dir, tmp_path)
     export = model_dir / "export"
     before = (export / "weights.h5").read_bytes()
     env_log = open(tmp_path / "export.log", "w")
-    proc = start_cli("export", "fashion_mnist_mlp", "--model-dir", model_dir, log=env_log)
+    proc = start_cli("export", "fashion_mnist_mlp", "--model-dir", model_dir, "--force",
+                     log=env_log)
     try:
         deadline = time.monotonic() + 120
         while not any(n.startswith(".export.tmp-") for n in os.listdir(model_dir)):

@@ -102,8 +102,10 @@ def choose_strategy(requested, cluster_info, num_gpus):
         chosen = "mirrored"
     else:
         chosen = "none"
-    logger.info("Strategy 'auto' -> %r (task %s, %d training task(s), ps: %s, %d GPU(s)).",
-                chosen, info.task_name, training, info.has_ps, num_gpus)
+    if info.is_distributed or num_gpus > 1:
+        # A lone process on one device has nothing to choose between.
+        logger.info("Strategy 'auto' -> %r (task %s, %d training task(s), ps: %s, %d GPU(s)).",
+                    chosen, info.task_name, training, info.has_ps, num_gpus)
     return chosen
 
 

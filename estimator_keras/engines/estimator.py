@@ -121,6 +121,25 @@ class ProgressHook(tf.estimator.SessionRunHook):
             # The step fetched in before_run predates the last update.
             self._meter.finish(int(session.run(self._step_tensor)))
 
+    def reached(self, step):
+        """Step ``step`` is done (said before this hook's own after_run)."""
+        if self._meter is not None:
+            self._meter.update(step)
+
+    def listener(self):
+        """A checkpoint listener that brings the progress line of a step
+        before the evaluation of that step's checkpoint: the Estimator's
+        checkpoint saver, which triggers it, runs before this hook."""
+        return _ProgressBeforeSave(self)
+
+
+class _ProgressBeforeSave(tf.estimator.CheckpointSaverListener):
+    def __init__(self, hook):
+        self._hook = hook
+
+    def before_save(self, session, global_step_value):
+        self._hook.reached(int(global_step_value))
+
 
 class PreemptionHook(tf.estimator.SessionRunHook):
     """Ends training after the step in progress once the watch has seen
@@ -221,9 +240,9 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
       Preempted: training stopped on a signal.
     """
     base.check_positive("max_steps", max_steps)
-    train_hooks = [ProgressHook(log_every_steps, batch_size, replicas, log, int(max_steps)),
-                   *hooks]
-    listeners = []
+    progress = ProgressHook(log_every_steps, batch_size, replicas, log, int(max_steps))
+    train_hooks = [progress, *hooks]
+    listeners = [progress.listener()]
     if preemption is not None:
         if not stop_with_chief:
             train_hooks.append(PreemptionHook(preemption))
