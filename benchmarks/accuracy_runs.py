@@ -18,8 +18,8 @@ Kinds of run:
   overrides, ``context.input_fns``, ``context.experiment_plan`` and the
   engine's ``train`` (evaluations reported by the plan's hooks).
 
-Knobs a run spec may set (see :data:`RUNS`): ``precision``
-("mixed_bfloat16": bfloat16 compute, float32 weights and softmax),
+Knobs a run spec may set (see :data:`RUNS`): ``precision`` (the
+experiment's ``precision`` setting: "float32", "mixed_bfloat16" or "auto"),
 ``batch_scale`` (batch 128 x k, steps / k, learning rate x sqrt(k)),
 ``warmup`` (fraction of the steps with a linear learning-rate warm-up, then a
 cosine decay to a tenth), ``eval_fraction`` (evaluate every this share of the
@@ -45,7 +45,13 @@ RUNS = {
     "keras_numpy": {"kind": "keras_numpy", "description": "plain Keras Model.fit on numpy "
                     "arrays, Adam(1e-3), batch 128, validation every epoch (the reference)"},
     "project_default": {"kind": "project", "description": "the experiment as registered: "
-                        "estimator engine, cache=auto, evaluation every 2000 steps"},
+                        "estimator engine, cache=auto, precision=auto, evaluation every "
+                        "2000 steps"},
+    "project_fp32": {"kind": "project", "precision": "float32",
+                     "description": "precision=float32 (the experiment's default before this "
+                                    "table)"},
+    "project_auto_eval1000": {"kind": "project", "eval_fraction": 1 / 6,
+                              "description": "precision=auto, evaluation every 1000 steps"},
     "project_bf16": {"kind": "project", "precision": "mixed_bfloat16",
                      "description": "mixed_bfloat16 (bfloat16 compute, float32 weights and "
                                     "softmax)"},
@@ -73,7 +79,7 @@ RUNS = {
                      "description": "plain Keras 3 Model.fit on numpy arrays (TensorFlow "
                                     "2.16+), as keras_numpy"},
 }
-DEFAULT_RUNS = ("keras_numpy", "project_default", "project_bf16", "project_bf16_eval1000",
+DEFAULT_RUNS = ("keras_numpy", "project_default", "project_fp32", "project_auto_eval1000",
                 "project_record_shuffle")
 REFERENCE = "keras_numpy"
 
@@ -118,27 +124,11 @@ def start(spec, python, data, arrays_file, workdir):
 
 
 def bfloat16_builder(build):
-    """``build`` under the mixed_bfloat16 policy, its last layer (the softmax)
-    rebuilt in float32 as Keras advises for mixed precision."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    """``build`` computing in mixed_bfloat16, as the experiments' precision
+    setting builds it."""
+    from estimator_keras import precision  # pylint: disable=import-outside-toplevel
 
-    def builder():
-        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
-        try:
-            model = build()
-        finally:
-            tf.keras.mixed_precision.set_global_policy("float32")
-        last = model.layers[-1]
-
-        def clone(layer):
-            config = layer.get_config()
-            if layer is last:
-                config["dtype"] = "float32"
-            return layer.__class__.from_config(config)
-
-        return tf.keras.models.clone_model(model, clone_function=clone)
-
-    return builder
+    return precision.with_policy(build, precision.MIXED_BFLOAT16)
 
 
 def warmup_schedule(peak, steps, warmup):
@@ -159,6 +149,7 @@ def _project(spec, args, clock):
     engines.prefer_legacy_keras()
     common.quiet_tensorflow()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from estimator_keras import precision  # pylint: disable=import-outside-toplevel
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
     from experiments import catalog, context, hparams, registry  # pylint: disable=import-outside-toplevel
 
@@ -169,6 +160,8 @@ def _project(spec, args, clock):
     overrides = {"max_steps": spec["steps"], "eval_every_steps": spec["eval_every"],
                  "log_every_steps": spec["turn"], "batch_size": spec["batch_size"],
                  "learning_rate": spec["learning_rate"], **spec.get("hparams", {})}
+    if spec.get("precision"):
+        overrides["precision"] = spec["precision"]
     config = hparams.with_overrides(exp.config, {k: str(v) for k, v in overrides.items()})
     tf.keras.utils.set_random_seed(config.train.seed)
     # As the runner does: shuffles seeded by the run's seed.
@@ -188,8 +181,6 @@ def _project(spec, args, clock):
         exp, config, model_dir=os.path.join(args.workdir, spec["name"]), train_data=train_fn,
         eval_data=eval_fn, hooks=base.TrainingHooks(log=log, on_evaluation=on_evaluation))
     changes = {}
-    if spec.get("precision") == "mixed_bfloat16":
-        changes["build_model"] = bfloat16_builder(plan.build_model)
     if spec.get("warmup"):
         changes["learning_rate"] = warmup_schedule(spec["learning_rate"], spec["steps"],
                                                    spec["warmup"])
@@ -199,7 +190,8 @@ def _project(spec, args, clock):
     metrics = base.plain_metrics(result.metrics or {})
     clock.done(step=result.global_step, metrics={k: v for k, v in metrics.items()
                                                  if isinstance(v, (int, float))},
-               engine=engine.name, tensorflow=tf.__version__)
+               engine=engine.name, tensorflow=tf.__version__,
+               precision=precision.resolve(config.train.precision)[0])
 
 
 def _keras_numpy(spec, args, clock):

@@ -250,7 +250,8 @@ def _run_row(record):
            "step_091": first["step"] if first else None,
            "wall_s": done.get("active_s"), "evaluations": len(evals),
            "batch_size": spec["batch_size"], "eval_every": spec["eval_every"],
-           "learning_rate": spec["learning_rate"], "precision": spec.get("precision", "float32"),
+           "learning_rate": spec["learning_rate"],
+           "precision": done.get("precision") or spec.get("precision", "float32"),
            "curve": [{"step": e["step"], "active_s": e["active_s"], "accuracy": e["accuracy"],
                       "loss": e.get("loss")} for e in evals],
            "pauses": record["pauses"], "versions": {k: done.get(k) for k in

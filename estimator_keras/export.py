@@ -34,7 +34,8 @@ import tensorflow as tf
 
 from estimator_keras import checkpoints, io
 from estimator_keras.errors import ModelDirError
-from estimator_keras.inputs import feature_map, parse_examples_fn
+from estimator_keras.inputs import parse_examples_fn
+from estimator_keras.schema import feature_map
 from estimator_keras.modeldir import pid_alive
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ import tensorflow as tf
 from estimator_keras import io, records
 from estimator_keras.errors import SchemaError, UsageError
 from estimator_keras.manifest import SHARD_RE
-from estimator_keras.schema import IMAGE_ENCODINGS
+from estimator_keras.schema import IMAGE_ENCODINGS, feature_map
 
 logger = logging.getLogger(__name__)
 
@@ -112,29 +112,6 @@ class InputConfig:
             raise UsageError(f"cache_budget_mb must be a positive number of MB (or None "
                              f"for a quarter of the available memory); given "
                              f"{self.cache_budget_mb!r}.")
-
-
-def feature_map(schema, features=None, label="label"):
-    """Model input name -> record feature name, checked against the schema."""
-    if label is not None and label not in schema:
-        raise SchemaError(f"label feature {label!r} is not in the records; they "
-                          f"hold {sorted(schema)}.")
-    if features is None:
-        mapping = {name: name for name in schema if name != label}
-    elif isinstance(features, dict):
-        mapping = dict(features)
-    elif isinstance(features, str):
-        mapping = {features: features}
-    else:
-        mapping = {name: name for name in features}
-    missing = sorted(f for f in mapping.values() if f not in schema)
-    if missing:
-        raise SchemaError(f"the records have no feature(s) {missing}; expected one "
-                          f"of {sorted(schema)} (mapping given: {mapping}).")
-    if not mapping:
-        raise SchemaError(f"no input features: the records hold only {sorted(schema)} "
-                          f"and {label!r} is the label.")
-    return mapping
 
 
 def check_feature_keys(model, feature_keys):

@@ -21,6 +21,7 @@ Example::
 
 import contextlib
 import fnmatch
+import glob as glob_lib
 import os
 import posixpath
 import shutil
@@ -102,7 +103,6 @@ def glob(pattern):
     """Sorted paths matching a shell pattern, local or remote."""
     if is_remote(pattern):
         return sorted(_gfile().glob(str(pattern)))
-    import glob as glob_lib  # pylint: disable=import-outside-toplevel  (shadowed name)
     return sorted(glob_lib.glob(str(pattern)))
 
 

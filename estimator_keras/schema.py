@@ -4,7 +4,8 @@ A schema is an ordered mapping of feature name -> :class:`FeatureSpec`. It is
 written into a dataset's manifest, used to encode examples into
 ``tf.train.Example`` protos (:func:`estimator_keras.records.encode_example`),
 and used by the input pipeline to build one vectorized ``tf.io.parse_example``
-spec per batch. This module does not import TensorFlow.
+spec per batch; :func:`feature_map` says which features feed which model
+inputs. This module does not import TensorFlow.
 
 Encodings (how a value sits inside a ``tf.train.Example``):
 
@@ -132,3 +133,26 @@ def describe(schema):
     return "\n".join(
         f"  {name:<{width}}  {spec.dtype:<8} shape={list(spec.shape)!s:<14} "
         f"encoding={spec.encoding}" for name, spec in schema.items())
+
+
+def feature_map(schema, features=None, label="label"):
+    """Model input name -> record feature name, checked against the schema."""
+    if label is not None and label not in schema:
+        raise SchemaError(f"label feature {label!r} is not in the records; they "
+                          f"hold {sorted(schema)}.")
+    if features is None:
+        mapping = {name: name for name in schema if name != label}
+    elif isinstance(features, dict):
+        mapping = dict(features)
+    elif isinstance(features, str):
+        mapping = {features: features}
+    else:
+        mapping = {name: name for name in features}
+    missing = sorted(f for f in mapping.values() if f not in schema)
+    if missing:
+        raise SchemaError(f"the records have no feature(s) {missing}; expected one "
+                          f"of {sorted(schema)} (mapping given: {mapping}).")
+    if not mapping:
+        raise SchemaError(f"no input features: the records hold only {sorted(schema)} "
+                          f"and {label!r} is the label.")
+    return mapping

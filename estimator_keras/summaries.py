@@ -16,10 +16,11 @@ Example::
 """
 
 import concurrent.futures
+import importlib
+import importlib.util
 import numbers
 
 import tensorflow as tf
-from tensorboard.plugins.hparams import api as hp
 
 from estimator_keras import io
 
@@ -52,8 +53,11 @@ def write_hparams(log_dir, hparams, metrics, step=0):
       step: the step the metrics were measured at.
 
     Returns:
-      The event file written.
+      The event file written, or None without the ``tensorboard`` package
+      (TensorFlow 2.16+ does not install it; the ``keras`` extras do).
     """
+    if importlib.util.find_spec("tensorboard") is None:
+        return None
     log_dir = str(log_dir)
     io.makedirs(log_dir)
     before = set(io.glob(io.join(log_dir, "events.out.tfevents.*")))
@@ -70,6 +74,8 @@ def write_hparams(log_dir, hparams, metrics, step=0):
 
 
 def _write(log_dir, values, metrics, step):
+    # An optional package: imported only where it is installed.
+    hp = importlib.import_module("tensorboard.plugins.hparams.api")
     writer = tf.summary.create_file_writer(log_dir)
     try:
         with writer.as_default():

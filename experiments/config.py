@@ -67,6 +67,11 @@ class TrainConfig:
     """Checkpoints kept in the model dir."""
     seed: int = 42
     """Graph-level random seed (initialization, dropout, shuffling)."""
+    precision: str = "float32"
+    """Compute dtype of training: "float32", "mixed_bfloat16" (bfloat16
+    compute, float32 variables and outputs), or "auto" (mixed_bfloat16 on a
+    CPU with native bfloat16 and no GPU, else float32; the choice is logged).
+    Variables stay float32 either way, and exports are float32 models."""
 
 
 @dataclasses.dataclass

@@ -12,13 +12,14 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, inputs, manifest, records
+from estimator_keras import checkpoints, engines, inputs, manifest, precision, records
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config
 from estimator_keras.engines import base
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import DataError, SchemaError
-from experiments import config_files, data_info, datasets
+from estimator_keras.schema import feature_map
+from experiments import config_files, data_info, datasets, prepare
 
 # How long a non-chief task waits for the chief to prepare the data.
 DATA_WAIT_SECS = 600
@@ -49,7 +50,6 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
     if not registered or datasets.is_prepared(data_dir, name):
         return path
     if is_chief:
-        from experiments import prepare  # pylint: disable=import-outside-toplevel  (rarely needed)
         say(f"dataset {name} is not in {data_dir}: preparing it first")
         return prepare.prepare(name, data_dir, source_dir=source_dir, num_workers=num_workers)
     deadline = time.monotonic() + DATA_WAIT_SECS
@@ -94,7 +94,7 @@ def check_numeric_inputs(config, dataset_path):
     """Fails before any model is built when a model input would get a
     feature of strings."""
     schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
-    mapping = inputs.feature_map(schema, config.data.features, config.data.label)
+    mapping = feature_map(schema, config.data.features, config.data.label)
     for input_name, feature in mapping.items():
         if schema[feature].encoding == "bytes":
             _refuse_input(feature, input_name, "numbers (or images)", schema[feature],
@@ -105,7 +105,7 @@ def check_inputs(model, config, dataset_path):
     """Fails before training when records do not fit the model's inputs,
     with expected and found side by side."""
     schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
-    mapping = inputs.feature_map(schema, config.data.features, config.data.label)
+    mapping = feature_map(schema, config.data.features, config.data.label)
     inputs.check_feature_keys(model, mapping)
     for input_name, tensor in zip(model.input_names, model.inputs):
         spec = schema[mapping[input_name]]
@@ -200,6 +200,8 @@ class RunContext:
         latest = tf.train.latest_checkpoint(str(model_dir))
         context.start_step = (checkpoints.checkpoint_step(latest) or 0) if latest else 0
         context.seed = base.run_seed(config.train.seed, context.start_step)
+        context.policy, context.policy_reason = precision.resolve(config.train.precision)
+        context.log_precision()
         tf.keras.utils.set_random_seed(context.seed)
         context.probe = context.build_model()
         check_inputs(context.probe, config, context.dataset_path)
@@ -210,6 +212,11 @@ class RunContext:
     def log(self, message):
         # Task names only where there are several tasks to tell apart.
         say(f"[{self.info.task_name}] {message}" if self.info.is_distributed else message)
+
+    def log_precision(self):
+        if self.config.train.precision != "float32":
+            self.log(f"precision {self.policy} ({self.config.train.precision}: "
+                     f"{self.policy_reason}); variables and exports stay float32")
 
     def log_seed(self):
         if self.seed != self.config.train.seed:
@@ -248,20 +255,25 @@ class RunContext:
         return experiment_plan(
             self.experiment, config, self.data, model_dir=self.model_dir, train_data=self.train_fn,
             eval_data=self.eval_fn, replicas=self.replicas, early_stopping=early,
-            strategy=self.distribute, hooks=hooks, seed=self.seed, preemption=preemption)
+            strategy=self.distribute, hooks=hooks, seed=self.seed, preemption=preemption,
+            policy=self.policy)
 
 
-def experiment_plan(experiment, config, data=None, **fields):
+def experiment_plan(experiment, config, data=None, policy=None, **fields):
     """A :class:`~estimator_keras.engines.base.TrainingPlan` for an experiment's
-    model (built for ``data``, a DataInfo) and training settings; ``fields``
-    set the rest (model_dir, input functions...)."""
+    model (built for ``data``, a DataInfo, computing in ``policy``: by default
+    what ``config.train.precision`` resolves to) and training settings;
+    ``fields`` set the rest (model_dir, input functions...)."""
     train = config.train
+    if policy is None:
+        policy, _ = precision.resolve(train.precision)
     fields.setdefault("model_dir", "")
     fields.setdefault("train_data", None)
     fields.setdefault("eval_data", None)
     fields.setdefault("seed", train.seed)
     return base.TrainingPlan(
-        build_model=lambda: experiment.make_model(config.model, data), loss=config.loss,
+        build_model=precision.with_policy(lambda: experiment.make_model(config.model, data),
+                                          policy), loss=config.loss,
         metrics=lambda: experiment.make_metrics(data), max_steps=train.max_steps,
         eval_every_steps=train.eval_every_steps, optimizer=train.optimizer,
         learning_rate=train.learning_rate, batch_size=train.batch_size,

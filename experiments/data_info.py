@@ -21,6 +21,7 @@ import inspect
 import typing
 
 from estimator_keras.errors import ConfigError
+from estimator_keras.schema import feature_map
 
 
 @dataclasses.dataclass
@@ -62,10 +63,8 @@ class DataInfo:
 def describe(manifest, data_config):
     """The :class:`DataInfo` of a dataset's manifest under an experiment's
     data config (its feature mapping and label)."""
-    from estimator_keras import inputs  # pylint: disable=import-outside-toplevel  (TensorFlow)
-
     schema = manifest.schema
-    mapping = inputs.feature_map(schema, data_config.features, data_config.label)
+    mapping = feature_map(schema, data_config.features, data_config.label)
     label = schema.get(data_config.label) if data_config.label else None
     labels = (manifest.labels or {}).get(data_config.label) or {}
     return DataInfo(

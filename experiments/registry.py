@@ -110,10 +110,7 @@ def names():
 
 def get(name):
     """The registered Experiment; UsageError listing the names otherwise."""
-    if name not in _EXPERIMENTS:
-        raise UsageError(f"unknown experiment {name!r}; registered experiments: "
-                         f"{', '.join(sorted(_EXPERIMENTS))}. See `python -m experiments list`.")
-    return _EXPERIMENTS[name]
+    return _lookup(_EXPERIMENTS, "experiment", name)
 
 
 def dataset_names():
@@ -122,7 +119,11 @@ def dataset_names():
 
 def dataset(name):
     """The registered :class:`Dataset`; UsageError listing the names otherwise."""
-    if name not in _DATASETS:
-        raise UsageError(f"unknown dataset {name!r}; available: "
-                         f"{', '.join(sorted(_DATASETS))}.")
-    return _DATASETS[name]
+    return _lookup(_DATASETS, "dataset", name)
+
+
+def _lookup(table, kind, name):
+    if name not in table:
+        raise UsageError(f"unknown {kind} {name!r}; registered {kind}s: "
+                         f"{', '.join(sorted(table))}. See `python -m experiments list`.")
+    return table[name]

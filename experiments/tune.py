@@ -284,7 +284,7 @@ class _Runner:
         self.running: Dict[int, tuple] = {}
         self.stop_signal: Optional[int] = None
 
-    def _on_signal(self, signum, frame):  # pylint: disable=unused-argument
+    def on_signal(self, signum, frame):  # pylint: disable=unused-argument
         self.stop_signal = signum
 
     def save(self) -> None:
@@ -422,7 +422,7 @@ def run_study(config: StudyConfig) -> StudyResult:
     runner.save()
     handlers = {}
     if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, runner._on_signal)  # pylint: disable=protected-access
+        handlers = {s: signal.signal(s, runner.on_signal)
                     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         if todo and config.prepare_command:

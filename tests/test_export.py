@@ -6,6 +6,8 @@ they prove a plain Keras user can load the files.
 
 import json
 import os
+import re
+import stat
 import textwrap
 
 import numpy as np
@@ -164,6 +166,22 @@ def test_export_is_atomic_and_replaces_previous(trained, tmp_path):
     assert open(os.path.join(target, "weights.h5"), "rb").read() == first
     leftovers = [n for n in os.listdir(tmp_path) if n != "export"]
     assert leftovers == [], leftovers
+
+
+def test_export_leaves_the_process_umask_alone(trained, tmp_path, monkeypatch):
+    """TensorFlow's threads may write files while an export runs: the export
+    neither sets nor reads the process umask, and its folder still gets the
+    permissions the umask allows."""
+    with open("/proc/self/status", encoding="utf-8") as f:
+        umask = int(re.search(r"^Umask:\s*(\d+)", f.read(), re.M).group(1), 8)
+
+    def no_umask(*args):
+        raise AssertionError("the export called os.umask")
+
+    monkeypatch.setattr(os, "umask", no_umask)
+    target = tmp_path / "export"
+    export_lib.export_model(_build, trained["model_dir"], export_dir=target)
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o777 & ~umask
 
 
 def test_best_exporter_keeps_the_best_evaluation(trained):

@@ -14,6 +14,7 @@ in. :func:`output_tail` trims a tool's output for error messages.
 """
 
 import ast
+import importlib.metadata
 import logging
 import os
 import re
@@ -208,9 +209,9 @@ def expected_sdist_name(project_root: str, fallback: str = "PACKAGE.tar.gz") -> 
     # writes PEP 625 names (runs of -_. become _), before that runs of other
     # characters became -.
     try:
-        from importlib.metadata import version  # pylint: disable=import-outside-toplevel
-        setuptools_version = tuple(int(p) for p in re.findall(r"\d+", version("setuptools"))[:2])
-    except Exception:  # pylint: disable=broad-except
+        setuptools_version = tuple(int(p) for p in re.findall(
+            r"\d+", importlib.metadata.version("setuptools"))[:2])
+    except importlib.metadata.PackageNotFoundError:
         setuptools_version = (99,)
     if setuptools_version >= (69, 3):
         name = re.sub(r"[-_.]+", "_", found["name"]).lower()

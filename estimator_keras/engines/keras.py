@@ -195,9 +195,9 @@ def _task(strategy):
 def _backup_checkpoint(backup):
     """The checkpoint BackupAndRestore left in ``backup`` (in a subfolder of
     its choosing), or None."""
-    if not tf.io.gfile.isdir(backup):
+    if not io.isdir(backup):
         return None
-    for root, _, files in tf.io.gfile.walk(backup):
+    for root, _, files in io.walk(backup):
         if "checkpoint" in files and tf.train.latest_checkpoint(root):
             return tf.train.latest_checkpoint(root)
     return None
