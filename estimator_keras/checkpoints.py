@@ -88,7 +88,7 @@ def check_compatible(model, checkpoint):
         raise ModelDirError(f"cannot read checkpoint {checkpoint}: {e}") from e
     have = {k: tuple(v) for k, v in have.items()}
     missing = sorted(k for k in wanted if k not in have)
-    mismatched = sorted(f"{k}: model {wanted[k]}, checkpoint {have[k]}"
+    mismatched = sorted(f"{k.split('/.ATTRIBUTES')[0]}: model {wanted[k]}, checkpoint {have[k]}"
                         for k in wanted if k in have and have[k] != wanted[k])
     # Layer weights the checkpoint holds and the model does not.
     unexpected = sorted(k for k in have if k.startswith("layer") and k not in wanted
@@ -97,7 +97,9 @@ def check_compatible(model, checkpoint):
         lines = [f"checkpoint {checkpoint} does not fit this model's architecture "
                  f"(a model dir of another model?); refusing to restore it."]
         if mismatched:
-            lines.append("shape mismatches: " + "; ".join(mismatched[:10]))
+            lines.append("shape mismatches: " + "; ".join(mismatched[:10])
+                         + (f" (and {len(mismatched) - 10} more)" if len(mismatched) > 10 else "")
+                         + ".")
         for label, keys in (("missing from the checkpoint", missing),
                             ("in the checkpoint but not in the model", unexpected)):
             if keys:
