@@ -92,7 +92,8 @@ class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-ac
         model_dir = os.path.join(self.settings.workdir, TABLE,
                                  f"{self.model_name}-{self.windows}")
         shutil.rmtree(model_dir, ignore_errors=True)
-        plan = context.experiment_plan(exp, config, model_dir=model_dir, train_data=train_fn,
+        plan = context.experiment_plan(exp, config, policy="float32", model_dir=model_dir,
+                                       train_data=train_fn,
                                        eval_data=eval_fn, eval_steps=1,
                                        hooks=base.TrainingHooks(log=log))
         try:
@@ -119,7 +120,8 @@ class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected
         from experiments import context  # pylint: disable=import-outside-toplevel
 
         exp = experiment(self.model_name)
-        self.model = keras_engine.compile_for_keras(context.experiment_plan(exp, exp.config))
+        self.model = keras_engine.compile_for_keras(
+            context.experiment_plan(exp, exp.config, policy="float32"))
         train_fn, _ = context.input_fns(exp.config, self.path)
         self.dataset = train_fn()
 
