@@ -64,11 +64,9 @@ def test_sdist_installs_offline_and_runs(fashion_data, tmp_path):
     assert (work / "run" / "export" / "model.h5").exists()
 
 
-def _pending_unless_wired(tuning=False):
-    """These tests need the lead's side of PHASE2 contract 3: export_model(...,
-    flat=True) with the runner writing Vertex's layout, and for a tuning trial
-    `train --tuning-trial --hypertune-metric M` with hypertune.report and
-    summaries.write_hparams on the chief. Until it is in, they skip, saying so."""
+def _require_wiring(tuning=False):
+    """What these tests need: export_model(..., flat=True) for Vertex's layout,
+    and for a tuning trial `train --tuning-trial --hypertune-metric M`."""
     from estimator_keras import export  # pylint: disable=import-outside-toplevel
     from experiments import cli  # pylint: disable=import-outside-toplevel
     missing = []
@@ -80,8 +78,7 @@ def _pending_unless_wired(tuning=False):
                                            "--hypertune-metric", "accuracy"])
         except SystemExit:
             missing.append("train --tuning-trial --hypertune-metric")
-    if missing:
-        pytest.skip("pending the lead's wiring (PHASE2 contract 3): " + ", ".join(missing))
+    assert not missing, "not wired: " + ", ".join(missing)
 
 
 BUCKET = "gs://my-bucket"
@@ -144,7 +141,7 @@ def test_vertex_environment_decides_where_things_go(fashion_data, tmp_path):
     """The pair together: the arguments `submit` builds, run with the AIP_*
     variables Vertex sets for that job's base output directory, write where
     Vertex expects."""
-    _pending_unless_wired()
+    _require_wiring()
     spec = JobSpec(experiment="fashion_mnist_mlp", project="my-project-123",
                    region="us-central1", job_dir=BUCKET + "/job", data_dir=BUCKET + "/data",
                    package_uri=BUCKET + "/job/packages/estimator_keras-0.2.0.tar.gz",
@@ -159,7 +156,7 @@ def test_vertex_tuning_trial_reports_its_metric_and_hparams(fashion_data, tmp_pa
     """A trial of `submit --tune`: its args, plus the value Vertex appends, with
     the per-trial AIP_* folders; it reports the metric the documented way and
     writes HParams summaries."""
-    _pending_unless_wired(tuning=True)
+    _require_wiring(tuning=True)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
 

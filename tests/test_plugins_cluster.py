@@ -1,6 +1,5 @@
 """`cluster` with the user's code: the modules given to the launcher reach
-every task. Skipped where experiments/cluster_cmd.py does not pass them on
-(see :func:`cluster_forwards_modules`)."""
+every task."""
 
 import contextlib
 import io
@@ -44,16 +43,12 @@ def cluster_forwards_modules():
             with mock.patch.object(cluster_cmd.launcher, "launch_local_cluster", launch), \
                     contextlib.redirect_stdout(io.StringIO()):
                 cluster_cmd.run(args, extra)
-        except (Exception, SystemExit):  # pylint: disable=broad-except  (_Launched, or not yet)
+        except (Exception, SystemExit):  # pylint: disable=broad-except  (_Launched, or a failure)
             pass
         return module in seen.get("modules", [])
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not cluster_forwards_modules(),
-    reason="experiments/cluster_cmd.py does not pass --module to its tasks yet "
-           "(EK_MODULES in their environment, absolute paths for files and folders)")
 def test_cluster_tasks_import_the_users_module(tmp_path):
     package = write_package(str(tmp_path / "pkg"))
     work = tmp_path / "work"
@@ -75,17 +70,6 @@ def test_cluster_tasks_import_the_users_module(tmp_path):
     assert export["class_names"] == ["top", "bottom"]
 
 
-def test_the_probe_says_yes_to_a_cluster_that_forwards_modules():
-    # Else the skip above would hide a working cluster command for good.
-    real = getattr(cluster_cmd, "_train_argv", None)
-    if real is None:
-        pytest.skip("cluster_cmd has no _train_argv to stand in for a forwarding one")
-
-    def train_argv(args, extra_argv):
-        # the flags once, whether or not the real one adds them already
-        argv = real(args, extra_argv)
-        flags = [arg for m in args.modules for arg in ("--module", os.path.abspath(m))]
-        return argv if "--module" in argv else argv + flags
-
-    with mock.patch.object(cluster_cmd, "_train_argv", train_argv):
-        assert cluster_forwards_modules()
+def test_cluster_passes_the_users_modules_to_its_tasks():
+    # As absolute paths: the tasks may start in another directory.
+    assert cluster_forwards_modules()
