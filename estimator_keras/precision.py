@@ -39,9 +39,8 @@ def cpu_bfloat16_flags(cpuinfo="/proc/cpuinfo"):
 def resolve(precision, has_gpu=None, cpuinfo="/proc/cpuinfo"):
     """``(policy, reason)`` for ``precision`` ("float32", "mixed_bfloat16" or
     "auto"). "auto" picks mixed_bfloat16 on a CPU with native bfloat16 and no
-    GPU (measured about 3x the float32 step rate on such a CPU, see
-    BENCHMARKS.md); float32 anywhere else, GPUs included, where it has not
-    been measured."""
+    GPU (faster than float32 there: BENCHMARKS.md, the accuracy table);
+    float32 anywhere else, GPUs included, where it has not been measured."""
     if precision not in CHOICES:
         raise ConfigError(f"precision must be one of {', '.join(CHOICES)}; got {precision!r}")
     if precision != AUTO:
