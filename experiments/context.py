@@ -219,7 +219,7 @@ class RunContext:
                      f"{self.policy_reason}); variables and exports stay float32")
 
     def log_seed(self):
-        if self.seed != self.config.train.seed:
+        if self.seed != self.config.train.seed and self.start_step < self.config.train.max_steps:
             self.log(f"resuming at step {self.start_step} with random seed {self.seed} (from "
                      f"seed {self.config.train.seed} and the step): new shuffles and dropout, "
                      f"not the first run's again")
