@@ -428,10 +428,12 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         if training and config.shuffle != "none":
             dataset = dataset.shuffle(_epoch_batches(config, resolved, batch_size, num_shards),
                                       seed=config.seed, reshuffle_each_iteration=True)
-        if training:
-            dataset = dataset.repeat(num_epochs)
         dataset = dataset.map(cast_inputs_fn(config.scale, bool(config.label)),
                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+        # The repeat after the parallel map: an unordered map must not move a
+        # batch across an epoch's boundary.
+        if training:
+            dataset = dataset.repeat(num_epochs)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

@@ -231,7 +231,8 @@ def test_weights_h5_move_between_the_engines_models(fashion_data, keras_run, tmp
              (keras_run["model_dir"] / "export", compile_for_estimator))
     for export, other_engines_model in pairs:
         reference = tf.keras.models.load_model(str(export / "model.h5"), compile=False)
-        model = other_engines_model(experiment_plan(exp, exp.config))
+        # In float32, as exports are: precision="auto" may train in bfloat16.
+        model = other_engines_model(experiment_plan(exp, exp.config, policy="float32"))
         model.load_weights(str(export / "weights.h5"))
         np.testing.assert_array_equal(model.predict(images, verbose=0),
                                       reference.predict(images, verbose=0))
