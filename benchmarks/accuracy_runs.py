@@ -177,8 +177,10 @@ def _project(spec, args, clock):
         clock.event(event="eval", step=int(metrics.get("global_step") or 0),
                     accuracy=float(metrics["accuracy"]), loss=float(metrics.get("loss", 0.0)))
 
+    policy, _ = precision.resolve(config.train.precision)
     plan = context.experiment_plan(
-        exp, config, model_dir=os.path.join(args.workdir, spec["name"]), train_data=train_fn,
+        exp, config, policy=policy, model_dir=os.path.join(args.workdir, spec["name"]),
+        train_data=train_fn,
         eval_data=eval_fn, hooks=base.TrainingHooks(log=log, on_evaluation=on_evaluation))
     changes = {}
     if spec.get("warmup"):
@@ -191,7 +193,7 @@ def _project(spec, args, clock):
     clock.done(step=result.global_step, metrics={k: v for k, v in metrics.items()
                                                  if isinstance(v, (int, float))},
                engine=engine.name, tensorflow=tf.__version__,
-               precision=precision.resolve(config.train.precision)[0])
+               precision=policy)
 
 
 def _keras_numpy(spec, args, clock):
