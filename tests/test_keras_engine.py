@@ -301,3 +301,52 @@ def test_engine_choice_errors_name_the_fix(tmp_path):
                      tmp_path / "d", "--engine", "keras", env=env, timeout=120)
     assert rc == 2, err[-2000:]
     assert "needs Keras 2" in err and "tf-keras" in err and "TF_USE_LEGACY_KERAS=1" in err
+
+
+def test_wrapped_callbacks_get_every_hook_but_the_batch_ones():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
+
+    class Recorder(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def on_train_begin(self, logs=None):
+            self.calls.append("train_begin")
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.calls.append(f"epoch_begin {epoch}")
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.calls.append("batch_begin")
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.calls.append("batch_end")
+
+        def on_test_begin(self, logs=None):
+            self.calls.append("test_begin")
+
+        def on_test_end(self, logs=None):
+            self.calls.append("test_end")
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.calls.append(f"epoch_end {epoch} {'val_loss' in logs}")
+
+        def on_train_end(self, logs=None):
+            self.calls.append("train_end")
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    x, y = np.zeros((12, 4), "float32"), np.zeros((12, 2), "float32")
+    inner, direct = Recorder(), Recorder()
+    model.fit(x, y, batch_size=4, epochs=2, validation_data=(x, y), verbose=0,
+              callbacks=[keras_engine.WithoutBatchHooks(inner), direct])
+
+    assert inner.model is model
+    assert direct.calls.count("batch_end") == 6  # the batch hooks did run
+    assert inner.calls == ["train_begin",
+                           "epoch_begin 0", "test_begin", "test_end", "epoch_end 0 True",
+                           "epoch_begin 1", "test_begin", "test_end", "epoch_end 1 True",
+                           "train_end"]
