@@ -45,11 +45,17 @@ RUNS = {
     "keras_numpy": {"kind": "keras_numpy", "description": "plain Keras Model.fit on numpy "
                     "arrays, Adam(1e-3), batch 128, validation every epoch (the reference)"},
     "project_default": {"kind": "project", "description": "the experiment as registered: "
-                        "estimator engine, cache=auto, precision=auto, evaluation every "
-                        "2000 steps"},
+                        "estimator engine, cache=auto, precision=auto, Adam 2e-3 with cosine "
+                        "decay, evaluation every epoch (469 steps)"},
     "project_fp32": {"kind": "project", "precision": "float32",
-                     "description": "precision=float32 (the experiment's default before this "
-                                    "table)"},
+                     "description": "as registered, in float32 (no bfloat16)"},
+    "project_constant_lr": {"kind": "project",
+                            "hparams": {"learning_rate": 0.001, "learning_rate_decay": "constant"},
+                            "description": "as registered with a constant Adam 1e-3 (the "
+                                           "experiment's learning rate before this table)"},
+    "project_eval2000": {"kind": "project", "eval_every": 2000,
+                         "description": "as registered, evaluating every 2000 steps (the "
+                                        "experiment's interval before this table)"},
     "project_auto_eval1000": {"kind": "project", "eval_fraction": 1 / 6,
                               "description": "precision=auto, evaluation every 1000 steps"},
     "project_bf16": {"kind": "project", "precision": "mixed_bfloat16",
@@ -79,20 +85,25 @@ RUNS = {
                      "description": "plain Keras 3 Model.fit on numpy arrays (TensorFlow "
                                     "2.16+), as keras_numpy"},
 }
-DEFAULT_RUNS = ("keras_numpy", "project_default", "project_fp32", "project_auto_eval1000",
+DEFAULT_RUNS = ("keras_numpy", "project_default", "project_fp32", "project_constant_lr",
                 "project_record_shuffle")
 REFERENCE = "keras_numpy"
 
 
-def plan_for(name, steps, eval_fraction, turn):
+def plan_for(name, steps, eval_fraction, turn, learning_rate=LEARNING_RATE):
     """The concrete settings of run ``name``: steps, evaluation interval,
-    batch, learning rate and the turn length, from the table's ``steps``."""
+    batch, learning rate and the turn length, from the table's ``steps``.
+    Project runs start from ``learning_rate`` (the experiment's own), plain
+    Keras from :data:`LEARNING_RATE`."""
     spec = dict(RUNS[name])
+    if spec["kind"] == "keras_numpy":
+        learning_rate = LEARNING_RATE
     scale = int(spec.get("batch_scale", 1))
     run_steps = max(1, steps // scale)
     spec.update(name=name, steps=run_steps, turn=max(1, turn // scale),
-                eval_every=max(1, round(run_steps * spec.get("eval_fraction", eval_fraction))),
-                batch_size=128 * scale, learning_rate=LEARNING_RATE * math.sqrt(scale))
+                eval_every=max(1, spec["eval_every"] // scale if "eval_every" in spec else
+                               round(run_steps * spec.get("eval_fraction", eval_fraction))),
+                batch_size=128 * scale, learning_rate=learning_rate * math.sqrt(scale))
     return spec
 
 

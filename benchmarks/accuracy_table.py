@@ -183,7 +183,7 @@ def _python(spec, settings):
     return settings.python_estimator or sys.executable
 
 
-def run_runs(path, settings, names, steps, eval_fraction):
+def run_runs(path, settings, names, steps, eval_fraction, learning_rate):
     """Starts every run, gives them turns until all are done; returns rows."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
@@ -192,7 +192,8 @@ def run_runs(path, settings, names, steps, eval_fraction):
     arrays_file = os.path.join(settings.workdir, "accuracy-arrays.npz")
     np.savez(arrays_file, x=x, y=y, tx=tx, ty=ty)
     turn = max(1, steps // 12)
-    specs = [accuracy_runs.plan_for(name, steps, eval_fraction, turn) for name in names]
+    specs = [accuracy_runs.plan_for(name, steps, eval_fraction, turn, learning_rate)
+             for name in names]
     # Model dirs of their own: a run must never resume an earlier one.
     runs_dir = tempfile.mkdtemp(prefix="runs-", dir=settings.workdir)
     children, state = [], {}
@@ -334,7 +335,7 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
     load_start = common.load_average()
     knob_rows = run_knobs(path, settings) if knobs else []
     names = list(runs or settings.accuracy_runs or accuracy_runs.DEFAULT_RUNS)
-    rows = run_runs(path, settings, names, steps, eval_fraction)
+    rows = run_runs(path, settings, names, steps, eval_fraction, config.train.learning_rate)
     ref = next((r for r in rows if r["name"] == accuracy_runs.REFERENCE), None)
     for row in rows:
         row["ratio"] = common.ratio(row["t091_s"], ref and ref["t091_s"])

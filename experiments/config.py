@@ -43,6 +43,11 @@ class DataConfig:
     memory available when training starts)."""
 
 
+# TrainConfig.learning_rate_decay's values (estimator_keras.engines.optimizers
+# builds them; kept here so that parsing a config imports no TensorFlow).
+LEARNING_RATE_DECAYS = ("constant", "cosine")
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """How to train."""
@@ -59,7 +64,11 @@ class TrainConfig:
     optimizer: str = "adam"
     """Optimizer name (a legacy Keras optimizer, as tf.estimator needs)."""
     learning_rate: float = 1e-3
-    """Optimizer learning rate."""
+    """Optimizer learning rate (the peak of a decaying one)."""
+    learning_rate_decay: str = "constant"
+    """"constant", or "cosine": from learning_rate down to a tenth of it at
+    max_steps along a cosine of the global step (a resumed run continues
+    the curve; a larger max_steps stretches it)."""
     early_stopping_steps: int = 0
     """Stop when the best metric has not improved for this many steps
     (0: off)."""

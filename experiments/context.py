@@ -15,7 +15,7 @@ import tensorflow as tf
 from estimator_keras import checkpoints, engines, inputs, manifest, precision, records
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config
-from estimator_keras.engines import base
+from estimator_keras.engines import base, optimizers
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import DataError, SchemaError
 from estimator_keras.schema import feature_map
@@ -276,6 +276,8 @@ def experiment_plan(experiment, config, data=None, policy=None, **fields):
                                           policy), loss=config.loss,
         metrics=lambda: experiment.make_metrics(data), max_steps=train.max_steps,
         eval_every_steps=train.eval_every_steps, optimizer=train.optimizer,
-        learning_rate=train.learning_rate, batch_size=train.batch_size,
+        learning_rate=optimizers.learning_rate(train.learning_rate, train.learning_rate_decay,
+                                               train.max_steps),
+        batch_size=train.batch_size,
         log_every_steps=train.log_every_steps, keep_checkpoint_max=train.keep_checkpoint_max,
         **fields)

@@ -7,7 +7,7 @@ unknown key is a ConfigError listing every valid key.
 
 import dataclasses
 
-from experiments.config import DataConfig, TrainConfig
+from experiments.config import LEARNING_RATE_DECAYS, DataConfig, TrainConfig
 from estimator_keras.errors import ConfigError, UsageError
 
 
@@ -119,3 +119,7 @@ def _validate(name, train, data):
     if not train.learning_rate > 0:
         raise ConfigError(f"{name}: learning_rate must be positive; given "
                           f"{train.learning_rate!r}.")
+    if train.learning_rate_decay not in LEARNING_RATE_DECAYS:
+        raise ConfigError(f"{name}: learning_rate_decay must be one of "
+                          f"{', '.join(LEARNING_RATE_DECAYS)}; given "
+                          f"{train.learning_rate_decay!r}.")

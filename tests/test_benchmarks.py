@@ -245,7 +245,11 @@ def test_accuracy_table_on_tiny_data(tiny, settings):
         assert row["curve"] and 0.0 <= row["final_accuracy"] <= 1.0 and row["wall_s"] > 0
         times = [c["active_s"] for c in row["curve"]]
         assert times == sorted(times)
-    assert [c["step"] for c in rows["project_default"]["curve"]] == [2, 4, 6]
+    from experiments import registry  # pylint: disable=import-outside-toplevel
+    train = registry.get("fashion_mnist_cnn").config.train
+    # The experiment's share of evaluations, over 6 steps.
+    every = max(1, round(6 * train.eval_every_steps / train.max_steps))
+    assert [c["step"] for c in rows["project_default"]["curve"]] == list(range(every, 7, every))
     assert rows["project_bf16"]["precision"] == "mixed_bfloat16"
     knobs = {row["name"] for row in result["knobs"]}
     assert {"mixed_bfloat16", "XLA auto-clustering", "evaluate batch 1024"} <= knobs
@@ -280,10 +284,15 @@ def test_accuracy_run_plans_scale_batch_steps_and_evaluation():
 
     plain = accuracy_runs.plan_for("project_default", 6000, 1 / 3, 500)
     assert (plain["steps"], plain["eval_every"], plain["batch_size"]) == (6000, 2000, 128)
-    big = accuracy_runs.plan_for("project_bf16_b256_warmup", 6000, 1 / 3, 500)
+    assert plain["learning_rate"] == pytest.approx(1e-3)
+    big = accuracy_runs.plan_for("project_bf16_b256_warmup", 6000, 1 / 3, 500, 2e-3)
     assert (big["steps"], big["batch_size"], big["turn"]) == (3000, 256, 250)
-    assert big["learning_rate"] == pytest.approx(1e-3 * 2 ** 0.5)
+    assert big["learning_rate"] == pytest.approx(2e-3 * 2 ** 0.5)
     assert big["eval_every"] == 500
+    # Plain Keras keeps its Adam 1e-3 whatever the experiment's rate.
+    keras = accuracy_runs.plan_for("keras_numpy", 6000, 1 / 3, 500, 2e-3)
+    assert keras["learning_rate"] == pytest.approx(1e-3)
+    assert accuracy_runs.plan_for("project_eval2000", 6000, 469 / 6000, 500)["eval_every"] == 2000
     assert set(accuracy_runs.DEFAULT_RUNS) <= set(accuracy_runs.RUNS)
 
 

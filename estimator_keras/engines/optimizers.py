@@ -16,6 +16,23 @@ _CLASS_NAMES = {"adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "
                 "adamax": "Adamax", "nadam": "Nadam", "adadelta": "Adadelta", "ftrl": "Ftrl"}
 
 
+LEARNING_RATE_DECAYS = ("constant", "cosine")
+
+
+def learning_rate(peak, decay="constant", total_steps=None):
+    """The optimizer's learning rate: ``peak`` itself ("constant"), or a
+    Keras schedule of the optimizer's step ("cosine": from ``peak`` down to
+    a tenth of it at ``total_steps``). Both engines' optimizers take either;
+    the Estimator's step is the global step."""
+    if decay == "constant":
+        return peak
+    if decay == "cosine":
+        return tf.keras.optimizers.schedules.CosineDecay(
+            initial_learning_rate=peak, decay_steps=max(1, int(total_steps)), alpha=0.1)
+    raise ConfigError(f"unknown learning_rate_decay {decay!r}; expected one of "
+                      f"{', '.join(LEARNING_RATE_DECAYS)}.")
+
+
 def _check_name(name):
     if name.lower() not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}.")
