@@ -70,9 +70,11 @@ def cmd_list(args):
     print("experiments:")
     for name in registry.names():
         c = registry.get(name).config
+        decay = c.train.learning_rate_decay
+        lr = f"{c.train.learning_rate}" + ("" if decay == "constant" else f" ({decay} decay)")
         print(f"  {name:<20} {c.description}")
         print(f"  {'':<20} dataset {c.data.dataset or '(--dataset)'}, batch "
-              f"{c.train.batch_size}, {c.train.max_steps} steps, lr {c.train.learning_rate}; "
+              f"{c.train.batch_size}, {c.train.max_steps} steps, lr {lr}; "
               f"from {registry.origin_of('experiment', name)}")
     print("datasets:")
     for name in registry.dataset_names():
