@@ -37,8 +37,6 @@ SHUFFLE_MODES = ("batch", "record", "none")
 CACHE_MODES = (False, True, "auto")
 # cache="auto" without cache_budget_mb: this share of the available memory.
 AUTO_CACHE_SHARE = 0.25
-# Cached training batches are re-formed every epoch within groups of this many.
-MIX_GROUP_BATCHES = 8
 # Where no operating-system figure is readable.
 FALLBACK_AVAILABLE_MB = 2048
 
@@ -70,10 +68,8 @@ class InputConfig:
         batches in memory, in the records' own dtypes (uint8 images stay
         uint8; the float32 cast and ``scale`` come after the cache), and
         serves every later epoch from it; in training the cached batches are
-        shuffled over the whole epoch, a new order each epoch, and re-formed
-        (records permuted within each run of 8 batches), so every epoch has
-        new batches in a new order; the first batch comes once the first
-        epoch is read. Memory grows during the
+        shuffled over the whole epoch, a new order each epoch, so the first
+        batch comes once the first epoch is read. Memory grows during the
         first epoch only. "auto" caches when that epoch's size in memory,
         computed from the manifest, fits ``cache_budget_mb``, and logs the
         decision with its reason. Each input pipeline caches only its own
@@ -432,7 +428,6 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         if training and config.shuffle != "none":
             dataset = dataset.shuffle(_epoch_batches(config, resolved, batch_size, num_shards),
                                       seed=config.seed, reshuffle_each_iteration=True)
-            dataset = _mix_batches(dataset, int(batch_size), config.seed)
         dataset = dataset.map(cast_inputs_fn(config.scale, bool(config.label)),
                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
         # The repeat after the parallel map: an unordered map must not move a
@@ -440,23 +435,6 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         if training:
             dataset = dataset.repeat(num_epochs)
     return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-def _mix_batches(dataset, batch_size, seed):
-    """New batches every epoch out of cached ones: each run of
-    MIX_GROUP_BATCHES batches (in the epoch's new order) is joined, its
-    records permuted, and cut into batches again. Without it a cached epoch
-    would hand SGD the same 128 records together every epoch; the joins and
-    cuts copy whole batches, no per-record work."""
-    groups = dataset.rebatch(batch_size * MIX_GROUP_BATCHES)
-    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-
-    def permute(element, draw):
-        count = tf.shape(tf.nest.flatten(element)[0])[0]
-        order = tf.argsort(tf.random.stateless_uniform([count], seed=tf.stack([draw, 0])))
-        return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
-
-    return tf.data.Dataset.zip((groups, seeds)).map(permute).rebatch(batch_size)
 
 
 def _epoch_batches(config, resolved, batch_size, num_shards):

@@ -262,21 +262,6 @@ def test_cache_serves_each_example_once_per_epoch_in_new_orders(tiny_dataset, mo
                                    rtol=1e-6)
 
 
-def test_cache_forms_new_batches_every_epoch(tiny_dataset):
-    # Cached batches are re-formed each epoch: SGD does not see the same
-    # records together every time, and only an epoch's last batch is short.
-    directory, _ = tiny_dataset(n=62, num_shards=2)
-    dataset = make_dataset(directory, 4, training=True, cache=True, features=["vec"],
-                           label="id", seed=3)
-    batches = [tuple(sorted(labels.numpy().tolist())) for _, labels in dataset.take(16 * 4)]
-    epochs = [batches[k:k + 16] for k in range(0, len(batches), 16)]
-    for epoch in epochs:
-        assert [len(b) for b in epoch] == [4] * 15 + [2]
-        assert sorted(i for b in epoch for i in b) == list(range(62))
-    for later in epochs[1:]:
-        assert len(set(epochs[0]) & set(later)) <= 4, (epochs[0], later)
-
-
 def test_cache_epochs_stay_whole_when_the_pipeline_is_unordered(tiny_dataset):
     # Without a seed the maps may reorder batches; none may cross from one
     # epoch into the next. A crossing showed in about 1 pipeline in 20.
