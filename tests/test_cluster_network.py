@@ -77,7 +77,8 @@ def connect_from_here(port):
 
 
 # Stand-in tasks that listen as TensorFlow's servers do (0.0.0.0 on their
-# TF_CONFIG port), reach each other over 127.0.0.1, and then wait.
+# TF_CONFIG port), reach each other over 127.0.0.1, and then wait for the
+# file OUT/stop, or with "--all" for every task to have reached the others.
 SERVER = r'''
 import json, os, socket, sys, time
 config = json.loads(os.environ["TF_CONFIG"])
@@ -100,7 +101,11 @@ info = {"pid": os.getpid(), "port": server.getsockname()[1], "reached": reached,
 with open(os.path.join(out, me + ".tmp"), "w") as f:
     json.dump(info, f)
 os.rename(os.path.join(out, me + ".tmp"), os.path.join(out, me + ".json"))
-while not os.path.exists(os.path.join(out, "stop")):
+def done():
+    if sys.argv[2:] == ["--all"]:
+        return all(os.path.exists(os.path.join(out, n + ".json")) for n in addresses)
+    return os.path.exists(os.path.join(out, "stop"))
+while not done():
     time.sleep(0.05)
 '''
 
@@ -115,12 +120,12 @@ def _ready(out, names, bound=30.0):
         time.sleep(0.05)
 
 
-def _servers(tmp_path):
+def _servers(tmp_path, *flags):
     script = tmp_path / "server.py"
     script.write_text(SERVER)
     out = tmp_path / "out"
     out.mkdir()
-    return [sys.executable, str(script), str(out)], out
+    return [sys.executable, str(script), str(out), *flags], out
 
 
 @needs_netns
@@ -145,16 +150,16 @@ def test_tasks_listen_only_inside_one_private_namespace(tmp_path):
     result = test_cluster.launch(command, workers=1, ps=1, log_dir=tmp_path / "logs")
     prober.join(timeout=10)
     tasks = seen["tasks"]
-    assert result.network == "private"
-    assert result.returncodes["chief-0"] == 0 and result.returncodes["worker-0"] == 0
-    # Every task reached every other one (itself included) over 127.0.0.1 ...
-    assert all(t["reached"] == ["chief-0", "ps-0", "worker-0"] for t in tasks.values()), tasks
-    # ... in the one namespace they share, which is not this process's ...
-    assert len({t["netns"] for t in tasks.values()}) == 1
-    assert tasks["chief-0"]["netns"] != os.readlink("/proc/self/ns/net")
-    # ... where each listened on its port, which nothing here can connect to.
+    # Each task listened on its port, which nothing here can connect to ...
     assert seen["listening"] == {n: True for n in tasks}
     assert seen["from_here"] == {n: "ConnectionRefusedError" for n in tasks}, seen
+    assert result.network == "private"
+    assert result.returncodes["chief-0"] == 0 and result.returncodes["worker-0"] == 0
+    # ... and every task reached every other one (itself included) over 127.0.0.1 ...
+    assert all(t["reached"] == ["chief-0", "ps-0", "worker-0"] for t in tasks.values()), tasks
+    # ... in the one namespace they share, which is not this process's.
+    assert len({t["netns"] for t in tasks.values()}) == 1
+    assert tasks["chief-0"]["netns"] != os.readlink("/proc/self/ns/net")
     # The tasks keep the launcher's user, and launcher's pids are theirs.
     assert {t["uid"] for t in tasks.values()} == {os.getuid()}
     assert {n: t["pid"] for n, t in tasks.items()} == result.pids
@@ -162,14 +167,14 @@ def test_tasks_listen_only_inside_one_private_namespace(tmp_path):
 
 
 def test_network_host_keeps_this_machines_network(tmp_path, caplog):
-    command, out = _servers(tmp_path)
-    (out / "stop").touch()
+    command, out = _servers(tmp_path, "--all")
     with caplog.at_level("WARNING", logger=launcher.__name__):
         result = test_cluster.launch(command, workers=1, log_dir=tmp_path / "logs",
                                      network="host")
     assert result.network == "host" and result.returncodes == {"chief-0": 0, "worker-0": 0}
     tasks = _ready(out, ["chief-0", "worker-0"], bound=1)
     assert {t["netns"] for t in tasks.values()} == {os.readlink("/proc/self/ns/net")}
+    assert all(t["reached"] == ["chief-0", "worker-0"] for t in tasks.values()), tasks
     assert launcher.ALL_INTERFACES_WARNING in caplog.messages
 
 
@@ -207,8 +212,7 @@ print(json.dumps({"network": result.network, "returncodes": result.returncodes,
 @pytest.mark.skipif(not _user_namespaces_allowed(),
                     reason="the test needs a user namespace to lower the kernel's limits in")
 def test_fallback_when_the_kernel_refuses_says_why(tmp_path):
-    command, out = _servers(tmp_path)
-    (out / "stop").touch()
+    command, out = _servers(tmp_path, "--all")
     proc = subprocess.run(
         [shutil.which("unshare"), "--user", "--map-root-user", sys.executable, "-c",
          NO_NAMESPACES, json.dumps(command), str(tmp_path / "logs")],
@@ -226,6 +230,7 @@ def test_fallback_when_the_kernel_refuses_says_why(tmp_path):
            "namespace: unshare(CLONE_NEWNET) failed" in err
     tasks = _ready(out, ["chief-0", "worker-0"], bound=1)
     assert len({t["netns"] for t in tasks.values()}) == 1
+    assert all(t["reached"] == ["chief-0", "worker-0"] for t in tasks.values()), tasks
     test_cluster.assert_gone({n: t["pid"] for n, t in tasks.items()})
 
 
