@@ -186,6 +186,35 @@ def test_network_argument_errors(tmp_path):
                              log_dir=tmp_path)
 
 
+# A launcher that is killed outright (SIGKILL) cannot stop its tasks itself.
+KILLED_LAUNCHER = r'''
+import json, logging, sys
+from estimator_keras.distribute import launcher
+logging.basicConfig(level=logging.INFO)
+launcher.launch_local_cluster(json.loads(sys.argv[1]), workers=1, ps=1, log_dir=sys.argv[2],
+                              timeout=60, echo=False)
+'''
+
+
+@needs_netns
+def test_a_killed_launcher_leaves_no_task_behind(tmp_path):
+    command, out = _servers(tmp_path)
+    driver = subprocess.Popen([sys.executable, "-c", KILLED_LAUNCHER, json.dumps(command),
+                               str(tmp_path / "logs")], cwd=ROOT, env=child_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        tasks = _ready(out, ["chief-0", "worker-0", "ps-0"])
+    finally:
+        driver.kill()
+        err = driver.communicate(timeout=30)[1].decode()
+    pids = {n: t["pid"] for n, t in tasks.items()}
+    end = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{p}") for p in pids.values()) and time.monotonic() < end:
+        time.sleep(0.05)
+    test_cluster.assert_gone(pids)
+    assert "private network namespace" in err, err
+
+
 # The launcher in a user namespace whose kernel limits allow no further
 # network or user namespace (/proc/sys/user/max_*_namespaces, which the root
 # of a user namespace may lower for it): the kernel itself refuses.

@@ -11,7 +11,8 @@ plus a network namespace), brings ``lo`` up, and returns a :class:`Namespace`
 that holds it open by file descriptors; :meth:`Namespace.wrap` turns a task's
 command into one that enters the namespace and then ``exec``s the command, so
 the task keeps the process id, process group, pipes and signals its launcher
-gave it. Without TensorFlow and without extra programs: the helper steps run
+gave it, and is killed by the kernel should its launcher die (SIGKILL
+included). Without TensorFlow and without extra programs: the helper steps run
 this file with the same Python (``python -I netns.py hold|enter``) and only
 the standard library (``os.unshare``/``os.setns`` on Python 3.12+, libc
 through ctypes before).
@@ -30,11 +31,15 @@ Example::
 import errno
 import os
 import select
+import signal
 import subprocess
 import sys
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+
+# <linux/prctl.h>
+PR_SET_PDEATHSIG = 1
 
 # <linux/sockios.h>, <net/if.h>
 SIOCGIFFLAGS = 0x8913
@@ -135,10 +140,19 @@ def _hold():
 
 
 def _enter(argv):
-    """``enter USERFD|- NETFD -- COMMAND...``: join the namespaces, exec the command."""
-    user_fd, net_fd, sep, program, *rest = argv
+    """``enter PARENTPID USERFD|- NETFD -- COMMAND...``: join the namespaces,
+    exec the command."""
+    parent, user_fd, net_fd, sep, program, *rest = argv
     if sep != "--":
         raise SystemExit(f"netns enter: expected --, got {sep!r}")
+    try:
+        # A launcher killed outright (SIGKILL) cannot end its tasks: the
+        # kernel does. The setting survives exec.
+        _libc_call("prctl", PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except OSError as e:
+        print(f"warning: the task will outlive a killed launcher: prctl: {e}", file=sys.stderr)
+    if os.getppid() != int(parent):
+        return 125  # the launcher died before the setting took
     try:
         if user_fd != "-":
             _setns(int(user_fd), CLONE_NEWUSER)
@@ -174,8 +188,8 @@ class Namespace:
         """The argument list that runs ``command`` (its program an absolute
         path) inside the namespace, as the same process."""
         user = "-" if self.user_fd is None else str(self.user_fd)
-        return [sys.executable, "-I", os.path.abspath(__file__), "enter", user, str(self.net_fd),
-                "--", *command]
+        return [sys.executable, "-I", os.path.abspath(__file__), "enter", str(os.getpid()), user,
+                str(self.net_fd), "--", *command]
 
     def close(self):
         """Closes the descriptors; the namespace lives on while a task is in it."""
