@@ -243,6 +243,8 @@ def run(args, extra_argv=()):
                 print(f"  | {line}", file=sys.stderr)
         sys.stderr.flush()
         raise
-    print(f"\nLocal cluster finished in {result.wall_time:.1f} s:")
+    where = ("a private network namespace (loopback only)" if result.network == "private"
+             else "this machine's network")
+    print(f"\nLocal cluster finished in {result.wall_time:.1f} s, in {where}:")
     _print_outcomes(result, sys.stdout)
     return 0

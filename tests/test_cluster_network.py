@@ -307,6 +307,7 @@ def test_a_real_cluster_trains_while_its_ports_are_unreachable(fashion_data, tmp
     assert probes == {"chief-0": "ConnectionRefusedError", "worker-0": "ConnectionRefusedError"}
     assert returncode == 0, text[-3000:]
     assert launcher.PRIVATE_NETWORK_NOTE in re.sub(r"\s+", " ", text)
+    assert "in a private network namespace (loopback only):" in text
     chief = (tmp_path / "logs" / "chief-0.log").read_text()
     assert "strategy multi_worker_mirrored" in chief and "(2 replica(s))" in chief, chief[-2000:]
     assert (model_dir / f"model.ckpt-{max_steps}.index").exists(), os.listdir(model_dir)
