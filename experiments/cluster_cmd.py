@@ -23,11 +23,11 @@ machine's network, with a warning that says why.
 """
 
 import argparse
+import logging
 import os
 import shlex
 import signal
 import sys
-import logging
 import tempfile
 
 from estimator_keras import engines, io

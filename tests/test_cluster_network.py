@@ -270,7 +270,7 @@ def test_fallback_when_the_kernel_refuses_says_why(tmp_path):
 def test_a_real_cluster_trains_while_its_ports_are_unreachable(fashion_data, tmp_path):
     model_dir = tmp_path / "model"
     out_path = tmp_path / "launcher.out"
-    max_steps = 200
+    max_steps = 100
     command = [sys.executable, "-m", "experiments", "cluster", "fashion_mnist_mlp", "--workers",
                "1", "--model-dir", str(model_dir), "--log-dir", str(tmp_path / "logs"),
                "--timeout", "150", "--quiet", "--data-dir", str(fashion_data), "--max-steps",
