@@ -13,22 +13,32 @@ Put NAME first: a flag value placed before NAME would be taken for it. The
 experiment, the engine and every train flag are checked before any task
 starts. On SIGTERM the launcher passes SIGTERM on to the tasks, waits up to
 --preemption-grace seconds for their checkpoint and exits 75 when they saved.
+
+TensorFlow's task servers listen on every interface and run, unauthenticated,
+whatever they are sent. With --network auto (the default) the tasks share one
+private network namespace that has only loopback, where the system allows it:
+nothing else can connect to them, and they cannot reach the network (use
+--network host for gs:// paths). Where it cannot be made they use this
+machine's network, with a warning that says why.
 """
 
 import argparse
+import logging
 import os
 import shlex
 import signal
 import sys
 import tempfile
 
-from estimator_keras import engines
+from estimator_keras import engines, io
 from estimator_keras.distribute import launcher
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, UsageError
 from experiments import commands, registry
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers):
@@ -65,6 +75,13 @@ def add_parser(subparsers):
                         help="seconds the tasks get to save a checkpoint after the launcher "
                              f"is sent SIGTERM; passed on to every task's train (default "
                              f"{DEFAULT_GRACE_SECS:g})")
+    parser.add_argument("--network", choices=launcher.NETWORKS, default="auto",
+                        help="the tasks' network: 'private', one network namespace with only "
+                             "loopback that nothing else can reach (and from which nothing "
+                             "else is reachable); 'host', this machine's network, where "
+                             "TensorFlow's servers listen on every interface; 'auto' (default), "
+                             "private where the system allows it and no path is remote, else "
+                             "host with a warning")
     # The train parser beside this one checks the flags passed on to the tasks.
     parser.set_defaults(cluster_subcommands=subparsers)
     return parser
@@ -138,6 +155,25 @@ def _check_train_flags(args, command):
     return getattr(targs, "preemption_grace", args.preemption_grace)
 
 
+def _network(args, command, env):
+    """The launcher's network: 'auto' keeps the tasks on this machine's network
+    when they need to reach remote paths."""
+    remote = [a.split("=", 1)[-1] for a in command if io.is_remote(a.split("=", 1)[-1])]
+    remote += [f"{k}={v}" for k, v in sorted(env.items())
+               if k.startswith("AIP_") and io.is_remote(v)]
+    if not remote:
+        return args.network
+    if args.network == "private":
+        raise UsageError(f"--network private leaves the tasks only loopback, but they need "
+                         f"the network for {remote[0]}; use --network host (on a machine whose "
+                         f"ports are firewalled) or local paths.")
+    if args.network == "auto":
+        logger.warning("The tasks need the network for %s, so they use this machine's "
+                       "network (--network host), not a private namespace.", remote[0])
+        return "host"
+    return args.network
+
+
 def _task_env():
     # The tasks import `experiments` and `estimator_keras`; make that work from
     # any working directory, as it does for this process.
@@ -179,6 +215,8 @@ def run(args, extra_argv=()):
     command = _train_argv(args, extra_argv)
     grace = _check_train_flags(args, command)
     _check_engine(args, command)
+    env = _task_env()
+    network = _network(args, command, env)
     # Only now, with everything checked, is anything created.
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"cluster-{args.name}-")
     parts = ["chief"] + ([f"{args.workers} worker(s)"] if args.workers else []) + (
@@ -189,8 +227,8 @@ def run(args, extra_argv=()):
     try:
         result = launcher.launch_local_cluster(
             command, workers=args.workers, ps=args.ps, evaluator=args.evaluator,
-            log_dir=log_dir, timeout=args.timeout, env=_task_env(), echo=not args.quiet,
-            evaluator_grace=args.evaluator_grace, preemption_grace=grace)
+            log_dir=log_dir, timeout=args.timeout, env=env, echo=not args.quiet,
+            evaluator_grace=args.evaluator_grace, preemption_grace=grace, network=network)
     except launcher.ClusterError as e:
         sys.stdout.flush()
         print("\nLocal cluster PREEMPTED: the tasks saved a checkpoint; rerun the same command "
@@ -205,6 +243,8 @@ def run(args, extra_argv=()):
                 print(f"  | {line}", file=sys.stderr)
         sys.stderr.flush()
         raise
-    print(f"\nLocal cluster finished in {result.wall_time:.1f} s:")
+    where = ("a private network namespace (loopback only)" if result.network == "private"
+             else "this machine's network")
+    print(f"\nLocal cluster finished in {result.wall_time:.1f} s, in {where}:")
     _print_outcomes(result, sys.stdout)
     return 0

@@ -169,12 +169,17 @@ def test_a_task_preempted_by_itself_while_the_chief_fails_names_the_chief(tasks,
 
 def test_a_task_preempted_by_itself_gives_the_others_their_grace(tasks, tmp_path, caplog):
     command = tasks({"worker-0": "preempted:0.5", "ps-0": "quit"})
-    with caplog.at_level(logging.WARNING, logger="estimator_keras.distribute.launcher"):
+    with caplog.at_level(logging.INFO, logger="estimator_keras.distribute.launcher"):
         with pytest.raises(ClusterPreempted) as info:
             launch_local_cluster(command, workers=1, ps=1, log_dir=tmp_path / "logs",
                                  timeout=60, echo=False, kill_grace=1, preemption_grace=10)
-    # Every launch says that TensorFlow's servers are not on loopback only.
-    assert [r.getMessage() for r in caplog.records].count(launcher.ALL_INTERFACES_WARNING) == 1
+    # Every launch says once which network its tasks use.
+    fallback = launcher.FALLBACK_WARNING.split("{")[0]
+    said = ["private" if m == launcher.PRIVATE_NETWORK_NOTE else "host"
+            for m in (r.getMessage() for r in caplog.records)
+            if m in (launcher.PRIVATE_NETWORK_NOTE, launcher.ALL_INTERFACES_WARNING)
+            or m.startswith(fallback)]
+    assert said == [info.value.result.network]
     assert "task worker-0 exited with status 75" in str(info.value)
     assert info.value.result.returncodes["chief-0"] == 75
     saved = marks(tasks.out, "saved")

@@ -11,6 +11,8 @@ Modules (import the one you need; this package imports none of them):
 - ``launcher``: TF-free. :func:`launch_local_cluster`, :class:`ClusterResult`,
   :class:`ClusterError` and its subclasses, :func:`free_ports`,
   :func:`describe_returncode`.
+- ``netns``: standard library only. :func:`create` makes the private network
+  namespace (loopback only) that the launcher's tasks share.
 
 Example::
 

@@ -17,9 +17,12 @@ Example::
 
 import atexit
 import collections
+import contextlib
 import dataclasses
+import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +32,7 @@ import threading
 import time
 
 from estimator_keras import io
+from estimator_keras.distribute import netns
 from estimator_keras.distribute.tf_config import TRAINING_TYPES, build_tf_config, short_json
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
@@ -39,12 +43,33 @@ logger = logging.getLogger(__name__)
 # own watchdog fired (interpreter and TensorFlow teardown).
 PREEMPTION_MARGIN = 5.0
 
+NETWORKS = ("auto", "private", "host")
+"""Values of ``network``: a private namespace where possible, always, never."""
+
 ALL_INTERFACES_WARNING = (
-    "note: TensorFlow's task servers listen on every network interface, not only on "
-    "127.0.0.1: TensorFlow 2.15-2.21 bind the port of each TF_CONFIG address as "
-    "0.0.0.0 (and [::]) and have no setting for the address. Use `cluster` on a "
-    "machine whose ports are firewalled or whose network you trust.")
-"""Logged once per launch: the gRPC servers cannot be kept on loopback."""
+    "note: the tasks use this machine's network (network 'host'), and TensorFlow's task "
+    "servers listen on every network interface, not only on 127.0.0.1: TensorFlow "
+    "2.15-2.21 bind the port of each TF_CONFIG address as 0.0.0.0 (and [::]) and have no "
+    "setting for the address. Anyone who can reach these ports while the cluster runs can "
+    "run TensorFlow operations as you, reading and writing your files. Use it on machines "
+    "whose ports are firewalled or whose network only you use.")
+"""Logged at a launch with ``network="host"``."""
+
+PRIVATE_NETWORK_NOTE = (
+    "The tasks run in a private network namespace that has only loopback: their "
+    "TensorFlow servers cannot be reached from other machines or from this machine's own "
+    "network, and the tasks cannot reach the network either.")
+"""Logged (INFO) at a launch whose tasks got a private network namespace."""
+
+FALLBACK_WARNING = (
+    "WARNING: the tasks run in this machine's network, not in a private network namespace, "
+    "because {reason}. TensorFlow's task servers listen on every network interface and run, "
+    "unauthenticated, whatever they are sent: while the cluster runs, anyone who can reach "
+    "this machine's ports can run TensorFlow operations as you, reading and writing your "
+    "files. Run it on a machine whose ports are firewalled, or where the kernel allows "
+    "(unprivileged user and) network namespaces; network 'host' (`cluster --network host`) "
+    "chooses this network knowingly.")
+"""Logged when ``network="auto"`` cannot give the tasks a private namespace."""
 
 
 class ClusterError(EstimatorKerasError):
@@ -140,6 +165,8 @@ class ClusterResult:
         the evaluator when it outlived its grace period, everything on failure.
       wall_time: seconds from the first start to the last process ended.
       log_dir: the folder holding the logs.
+      network: "private" when the tasks shared a private network namespace
+        with only loopback, "host" when they used this machine's network.
     """
 
     returncodes: dict
@@ -148,6 +175,7 @@ class ClusterResult:
     ended_by_launcher: tuple
     wall_time: float
     log_dir: str
+    network: str = "host"
 
 
 def _address(host, port):
@@ -381,7 +409,7 @@ def _check_seconds(name, value, allow_zero=False):
 def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir=None,
                          timeout=1800.0, host="127.0.0.1", env=None, echo=True,
                          evaluator_grace=120.0, kill_grace=5.0, tail_lines=20,
-                         preemption_grace=DEFAULT_GRACE_SECS):
+                         preemption_grace=DEFAULT_GRACE_SECS, network="auto"):
     """Run ``task_command`` once per task of a local cluster and wait for the training.
 
     The cluster is one chief, ``workers`` further workers and ``ps`` parameter
@@ -404,8 +432,14 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     ``preemption_grace`` + :data:`PREEMPTION_MARGIN` seconds to save a
     checkpoint and exit before the ps tasks are ended and SIGKILL follows.
 
-    TensorFlow's servers listen on all interfaces whatever ``host`` is (see
-    :data:`ALL_INTERFACES_WARNING`, logged at every launch).
+    TensorFlow's servers listen on all interfaces whatever ``host`` is and run
+    any graph they are sent. With ``network="auto"`` (the default) all tasks
+    therefore share one private network namespace that has only loopback,
+    where this system allows one (Linux: as root, or where unprivileged user
+    namespaces are allowed); nothing outside it can connect to their ports,
+    and the tasks reach nothing outside it either (no ``gs://`` paths).
+    Where it cannot be made, the tasks use this machine's network and
+    :data:`FALLBACK_WARNING` says why.
 
     Args:
       task_command: argument list run for every task, e.g.
@@ -425,6 +459,11 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
       preemption_grace: seconds the tasks get to checkpoint after the
         launcher is sent SIGTERM or SIGHUP (pass the tasks' own
         ``--preemption-grace``).
+      network: "auto" (a private namespace where possible, else this
+        machine's network with a warning), "private" (a private namespace or
+        a ClusterError) or "host" (this machine's network, as a cluster across
+        machines needs; logs :data:`ALL_INTERFACES_WARNING`). A private
+        namespace needs a loopback ``host``.
 
     Returns:
       :class:`ClusterResult`.
@@ -437,6 +476,7 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
         tasks exited 75 after saving a checkpoint.
       ClusterInterrupted: the launcher got SIGTERM/SIGHUP otherwise.
         KeyboardInterrupt propagates after all tasks are stopped.
+      ClusterError: ``network="private"`` and no private namespace can be made.
       UsageError: bad arguments.
     """
     if isinstance(task_command, (str, bytes)) or not task_command or not all(
@@ -452,6 +492,11 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     _check_seconds("evaluator_grace", evaluator_grace, allow_zero=True)
     _check_seconds("kill_grace", kill_grace, allow_zero=True)
     _check_seconds("preemption_grace", preemption_grace)
+    if network not in NETWORKS:
+        raise UsageError(f"network must be one of {', '.join(NETWORKS)}; got {network!r}.")
+    if network == "private" and not _is_loopback(host):
+        raise UsageError(f"network 'private' has only loopback, so host must be a loopback "
+                         f"address such as 127.0.0.1; got {host!r}.")
 
     if log_dir is None:
         # Owner-only, as logs in a shared temporary folder should be.
@@ -476,15 +521,18 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     echo_out = _Echo(echo)
     logger.info("Local cluster %s%s; logs in %s", short_json(cluster, 400),
                 " + evaluator" if evaluator else "", log_dir)
-    logger.warning(ALL_INTERFACES_WARNING)
+    namespace = _private_network(network, host)
 
     start = time.monotonic()
     error = None
     with _SignalGuard() as guard:
         try:
             try:
-                for task in tasks:
-                    _start(task, task_command, cluster, base_env, echo_out)
+                # Every task has entered the namespace once started; it lives
+                # as long as one of them does.
+                with namespace or contextlib.nullcontext():
+                    for task in tasks:
+                        _start(task, task_command, cluster, base_env, echo_out, namespace)
                 error = _supervise(tasks, start + timeout, timeout, evaluator_grace, log_dir)
             except ClusterInterrupted:
                 pass  # guard.received says which signal; the tasks' outcome decides below
@@ -511,7 +559,8 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
         pids={t.name: t.proc.pid for t in tasks if t.proc is not None},
         ended_by_launcher=tuple(t.name for t in tasks if t.ended_by_launcher),
         wall_time=wall,
-        log_dir=log_dir)
+        log_dir=log_dir,
+        network="host" if namespace is None else "private")
     if error is not None:
         error.result = result
         raise error
@@ -519,14 +568,53 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     return result
 
 
-def _start(task, command, cluster, base_env, echo):
+def _is_loopback(host):
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _private_network(network, host):
+    """The tasks' :class:`netns.Namespace`, or None for this machine's
+    network; logs which one they get."""
+    if network == "host":
+        logger.warning(ALL_INTERFACES_WARNING)
+        return None
+    if not _is_loopback(host):
+        logger.warning(FALLBACK_WARNING.format(
+            reason=f"host {host} is not a loopback address and a private namespace has only "
+                   f"loopback"))
+        return None
+    try:
+        namespace = netns.create()
+    except netns.NamespaceUnavailable as e:
+        if network == "private":
+            raise ClusterError(f"network 'private': cannot give the tasks a private network "
+                               f"namespace: {e}.") from e
+        logger.warning(FALLBACK_WARNING.format(reason=f"it cannot be made here: {e}"))
+        return None
+    logger.info(PRIVATE_NETWORK_NOTE)
+    return namespace
+
+
+def _start(task, command, cluster, base_env, echo, namespace=None):
     env = dict(base_env)
     env["TF_CONFIG"] = build_tf_config(cluster, task.type, task.index)
+    pass_fds = ()
+    if namespace is not None:
+        # The helper that enters the namespace execs the program by its path.
+        program = shutil.which(command[0], path=env.get("PATH", os.defpath))
+        if program is None:
+            raise ClusterError(f"could not start task {task.name} ({command[0]!r}): no "
+                               f"executable file of that name.")
+        command = namespace.wrap([os.path.abspath(program), *command[1:]])
+        pass_fds = namespace.fds
     log_file = io.open_file(task.log_path, "w")
     try:
         task.proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, start_new_session=True)
+            env=env, start_new_session=True, pass_fds=pass_fds)
     except OSError as e:
         log_file.close()
         raise ClusterError(f"could not start task {task.name} ({command[0]!r}): {e}.") from e
