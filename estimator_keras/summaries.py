@@ -9,10 +9,18 @@ one row per run, its metric columns inferred from those scalars.
 Works with TensorFlow 2.15 and 2.16+ with the ``tensorboard`` package (which
 TensorFlow 2.16+ no longer installs: the ``keras`` extras bring it).
 
+:class:`ScalarWriter` appends scalars to one event file and flushes them at
+once: the engines write each evaluation's numbers with it, so that a
+TensorBoard reading the summary folder (Vertex AI TensorBoard reading
+``AIP_TENSORBOARD_LOG_DIR``) follows a run while it trains.
+
 Example::
 
     write_hparams("runs/study/trial-3/hparams", {"learning_rate": 0.003, "units": 128},
                   {"accuracy": 0.84, "loss": 0.45}, step=2000)
+
+    writer = ScalarWriter("gs://bucket/job/logs/eval")
+    writer.write({"accuracy": 0.81, "loss": 0.52}, step=500)
 """
 
 import concurrent.futures
@@ -39,6 +47,34 @@ def _hparam_value(value):
     return str(value)
 
 
+def _numbers(metrics):
+    """name -> float for the metrics that are numbers (the step left out)."""
+    found = {}
+    for name, value in (metrics or {}).items():
+        if name in _SKIPPED_METRICS or isinstance(value, bool):
+            continue
+        try:
+            found[str(name)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def _eagerly(fn, *args):
+    """Runs ``fn(*args)`` eagerly: here, or inside a graph (an Estimator's:
+    the default graph is per thread) in a new thread."""
+    if tf.executing_eagerly():
+        return fn(*args)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _have_tensorboard():
+    # tf.summary's scalar and the HParams plugin come with the tensorboard
+    # package, which TensorFlow 2.16+ no longer installs (the keras extras do).
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 def write_hparams(log_dir, hparams, metrics, step=0):
     """Writes the hyperparameters and final metrics of one run into ``log_dir``.
 
@@ -56,38 +92,58 @@ def write_hparams(log_dir, hparams, metrics, step=0):
       The event file written, or None without the ``tensorboard`` package
       (TensorFlow 2.16+ does not install it; the ``keras`` extras do).
     """
-    if importlib.util.find_spec("tensorboard") is None:
+    if not _have_tensorboard():
         return None
     log_dir = str(log_dir)
     io.makedirs(log_dir)
     before = set(io.glob(io.join(log_dir, "events.out.tfevents.*")))
     values = {str(k): _hparam_value(v) for k, v in (hparams or {}).items()}
-    if tf.executing_eagerly():
-        _write(log_dir, values, metrics, step)
-    else:
-        # Inside a graph (an Estimator's): the default graph is per thread, and
-        # a new thread writes eagerly, now.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            pool.submit(_write, log_dir, values, metrics, step).result()
+    _eagerly(_write, log_dir, values, _numbers(metrics), step)
     written = sorted(set(io.glob(io.join(log_dir, "events.out.tfevents.*"))) - before)
     return written[-1] if written else None
 
 
-def _write(log_dir, values, metrics, step):
+def _write(log_dir, values, numbers, step):
     # An optional package: imported only where it is installed.
     hp = importlib.import_module("tensorboard.plugins.hparams.api")
     writer = tf.summary.create_file_writer(log_dir)
     try:
         with writer.as_default():
             hp.hparams(values)
-            for name, value in sorted((metrics or {}).items()):
-                if name in _SKIPPED_METRICS or isinstance(value, bool):
-                    continue
-                try:
-                    number = float(value)
-                except (TypeError, ValueError):
-                    continue
-                tf.summary.scalar(str(name), number, step=int(step or 0))
+            for name, number in sorted(numbers.items()):
+                tf.summary.scalar(name, number, step=int(step or 0))
         writer.flush()
     finally:
         writer.close()
+
+
+class ScalarWriter:
+    """Scalars into one event file in ``log_dir`` (local or ``gs://``, created
+    on the first write), flushed after every write so that a TensorBoard
+    reading the folder shows them while the run goes on. Call it eagerly or
+    inside a graph. Without the ``tensorboard`` package it writes nothing."""
+
+    def __init__(self, log_dir):
+        self.log_dir = str(log_dir)
+        self._writer = None
+
+    def write(self, metrics, step):
+        """Writes every number in ``metrics`` (``global_step`` and
+        non-numbers left out) at ``step``."""
+        numbers = _numbers(metrics)
+        if numbers and _have_tensorboard():
+            _eagerly(self._write, numbers, int(step))
+
+    def _write(self, numbers, step):
+        if self._writer is None:
+            io.makedirs(self.log_dir)
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default():
+            for name, number in sorted(numbers.items()):
+                tf.summary.scalar(name, number, step=step)
+        self._writer.flush()
+
+    def close(self):
+        if self._writer is not None:
+            _eagerly(self._writer.close)
+            self._writer = None

@@ -14,9 +14,8 @@ import sys
 import traceback
 import warnings
 
-from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
-from experiments import cluster_cmd, commands, prepare_cmd, submit, tune_cmd
+from experiments import cluster_cmd, commands, prepare_cmd, submit, train_flags, tune_cmd
 
 logger = logging.getLogger("experiments")
 
@@ -27,31 +26,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\nSee `{self.prog} --help`.\n")
-
-
-def _add_train_flags(p, with_model_dir_required=False):
-    p.add_argument("name", metavar="NAME", help="experiment name (see `list`)")
-    p.add_argument("--model-dir", required=with_model_dir_required, metavar="DIR",
-                   help="checkpoints, summaries and exports (default runs/NAME; "
-                        "AIP_MODEL_DIR's parent on Vertex AI)")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="root of prepared datasets (default: $ESTIMATOR_KERAS_DATA_DIR "
-                        "or ./data)")
-    p.add_argument("--hparams", default="", metavar="K=V,...",
-                   help="override config fields, e.g. learning_rate=0.01,dropout=0.3")
-    p.add_argument("--config", metavar="FILE",
-                   help="YAML or JSON with sections data, train and model (precedence: "
-                        "defaults < --config < --hparams < flags)")
-    p.add_argument("--dataset", metavar="NAME_OR_DIR",
-                   help="train on this dataset: a name prepared under --data-dir or "
-                        "registered, or a dataset folder (local or gs://)")
-
-
-def _add_engine_flag(p):
-    p.add_argument("--engine", default="auto", choices=["auto", "estimator", "keras"],
-                   help="estimator: tf.estimator.train_and_evaluate (TensorFlow <= 2.15); "
-                        "keras: Model.fit (TensorFlow 2.15+, tf-keras on 2.16+); auto "
-                        "(default): estimator where tensorflow_estimator imports, else keras")
 
 
 def build_parser():
@@ -72,36 +46,17 @@ def build_parser():
                    help="read every record and check its CRC; exit 1 if any is corrupt")
 
     p = sub.add_parser("train", help="train (and prepare data if missing), evaluate, export")
-    _add_train_flags(p)
-    p.add_argument("--source-dir", metavar="DIR", help="IDX files for prepare")
-    p.add_argument("--max-steps", type=int, metavar="N")
-    p.add_argument("--batch-size", type=int, metavar="N", help="examples per replica per step")
-    p.add_argument("--eval-every", type=int, metavar="N",
-                   help="checkpoint and evaluate every N steps")
-    p.add_argument("--strategy", default="auto",
-                   choices=["auto", "none", "mirrored", "multi_worker_mirrored",
-                            "parameter_server"])
-    p.add_argument("--skip-corrupt", action="store_true",
-                   help="skip unreadable records (logged) instead of stopping")
-    p.add_argument("--tuning-trial", action="store_true",
-                   help="run as a tuning service's trial: extra --name=value arguments "
-                        "become --hparams")
-    p.add_argument("--hypertune-metric", metavar="METRIC",
-                   help="report this eval metric to Vertex AI's tuning service at the end")
-    p.add_argument("--preemption-grace", type=float, default=DEFAULT_GRACE_SECS, metavar="S",
-                   help="on SIGTERM or SIGINT, save the current step and exit 75 within S "
-                        f"seconds (default {DEFAULT_GRACE_SECS:g})")
-    _add_engine_flag(p)
+    train_flags.add_train_flags(p)
 
     p = sub.add_parser("evaluate", help="evaluate the latest checkpoint of a model dir")
-    _add_train_flags(p)
-    _add_engine_flag(p)
+    train_flags.add_run_flags(p)
+    train_flags.add_engine_flag(p)
     p.add_argument("--json", action="store_true",
                    help="print the metrics as one JSON object (for scripts)")
 
     p = sub.add_parser("export", help="export the latest checkpoint to model.h5, "
                                       "weights.h5 and saved_model/")
-    _add_train_flags(p)
+    train_flags.add_run_flags(p)
     p.add_argument("--export-dir", metavar="DIR", help="default MODEL_DIR/export")
     p.add_argument("--force", action="store_true",
                    help="write the export even when the export dir already holds the "

@@ -46,7 +46,7 @@ def model_dirs(args):
 def load_catalog(args):
     """Fills the registry from the built-in modules, plugins and --module;
     a broken module stops the command (``list`` shows it instead)."""
-    catalog.check(catalog.load(getattr(args, "modules", None)), args.verbose)
+    catalog.check(catalog.load(getattr(args, "modules", None)), getattr(args, "verbose", False))
 
 
 def experiment_config(args, **flags):
@@ -122,14 +122,24 @@ def cmd_inspect(args):
     return 1 if report.broken else 0
 
 
-def cmd_train(args):
-    train = tensorflow_module("experiments.train")
-    experiment, config = experiment_config(args, max_steps=args.max_steps,
-                                           batch_size=args.batch_size,
-                                           eval_every_steps=args.eval_every)
+# train's flags that set a config field (they beat --hparams).
+TRAIN_CONFIG_FLAGS = {"max_steps": "max_steps", "batch_size": "batch_size",
+                      "eval_every": "eval_every_steps"}
+
+
+def train_config(args):
+    """The experiment and configuration ``train`` runs with these arguments
+    (UsageError or ConfigError for values it refuses)."""
     if args.preemption_grace <= 0:
         raise UsageError(f"--preemption-grace must be a positive number of seconds; given "
                          f"{args.preemption_grace:g}.")
+    return experiment_config(args, **{field: getattr(args, flag)
+                                      for flag, field in TRAIN_CONFIG_FLAGS.items()})
+
+
+def cmd_train(args):
+    train = tensorflow_module("experiments.train")
+    experiment, config = train_config(args)
     model_dir, export_dir, tensorboard_dir, flat = model_dirs(args)
     result = train.train(experiment, config, model_dir=model_dir, data_dir=data_dir(args),
                          source_dir=args.source_dir, strategy=args.strategy,

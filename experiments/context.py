@@ -256,7 +256,7 @@ class RunContext:
             self.experiment, config, self.data, model_dir=self.model_dir, train_data=self.train_fn,
             eval_data=self.eval_fn, replicas=self.replicas, early_stopping=early,
             strategy=self.distribute, hooks=hooks, seed=self.seed, preemption=preemption,
-            policy=self.policy)
+            policy=self.policy, summary_dir=self.tensorboard_dir)
 
 
 def experiment_plan(experiment, config, data=None, policy=None, **fields):

@@ -76,17 +76,37 @@ def seed_mlp(hparams, data=None):
 
 
 def image_classifier(hparams, data=None):
-    """A small conv net sized from its input: blocks of two 3x3 convolutions
-    and a 2x2 max-pool, filters doubling, until the feature map is about 8
-    pixels across (2 blocks for 28x28, 5 for 224x224; ``blocks`` overrides),
-    then global average pooling, dropout and a softmax."""
+    """A classifier sized from its input.
+
+    Images (height x width x channels, or height x width): a small conv net,
+    blocks of two 3x3 convolutions and a 2x2 max-pool, filters doubling,
+    until the feature map is about 8 pixels across (2 blocks for 28x28, 5
+    for 224x224; ``blocks`` overrides), then global average pooling, dropout
+    and a softmax.
+
+    Vectors (one number or a list per example, e.g. float features from
+    ``prepare tfrecords --features``): an MLP, batch normalization of the raw
+    values (they have no known scale, unlike pixels), then ``blocks`` (default
+    2) Dense layers of ``4 * filters`` units with dropout, and a softmax.
+    """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
     inputs = _input(tf, data, (28, 28, 1))
+    rank = len(inputs.shape) - 1
+    if rank <= 1:
+        return _vector_classifier(tf, inputs, hparams, data)
+    if rank > 3:
+        raise ConfigError(
+            f"image_classifier takes images (height x width x channels, or height x width) "
+            f"or vectors; input {inputs.name!r} has shape {list(inputs.shape[1:])}. Reshape "
+            f"the records to one of those, or register an experiment with your own model "
+            f"(see `python -m experiments --module`).")
     size = min(inputs.shape[1], inputs.shape[2])
     blocks = hparams.get("blocks") or max(1, min(5, (size // 8).bit_length()))
     x = layers.Rescaling(1.0 / 255)(inputs)
+    if rank == 2:  # a grey image stored without its channel axis
+        x = layers.Reshape((*inputs.shape[1:], 1))(x)
     for block in range(int(blocks)):
         filters = hparams.get("filters", 32) * 2 ** block
         x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
@@ -94,6 +114,19 @@ def image_classifier(hparams, data=None):
         x = layers.MaxPooling2D(2)(x)
     x = layers.GlobalAveragePooling2D()(x)
     x = layers.Dropout(hparams.get("dropout", 0.3))(x)
+    outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
+                           name="probabilities")(x)
+    return tf.keras.Model(inputs, outputs, name="image_classifier")
+
+
+def _vector_classifier(tf, inputs, hparams, data):
+    layers = tf.keras.layers
+    # A scalar feature is a vector of one.
+    x = layers.Reshape((1,))(inputs) if len(inputs.shape) == 1 else inputs
+    x = layers.BatchNormalization()(x)
+    for _ in range(int(hparams.get("blocks") or 2)):
+        x = layers.Dense(4 * hparams.get("filters", 32), activation="relu")(x)
+        x = layers.Dropout(hparams.get("dropout", 0.3))(x)
     outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
                            name="probabilities")(x)
     return tf.keras.Model(inputs, outputs, name="image_classifier")

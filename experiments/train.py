@@ -27,7 +27,6 @@ from estimator_keras import verify
 from estimator_keras.cloud import hypertune
 from estimator_keras.engines import base
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
-from estimator_keras.engines.keras import SUMMARY_SUBDIRS
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
                                     ModelDirError)
 from estimator_keras.modeldir import ModelDirLock
@@ -167,25 +166,19 @@ class Runner:
             # The keras engine logs its evaluations as fit reports them.
             ctx.log(f"evaluated step {int(metrics.get('global_step', -1))}: "
                     f"{base.format_metrics(metrics)}")
-        if ctx.tensorboard_dir and ctx.tensorboard_dir.rstrip("/") != ctx.model_dir.rstrip("/"):
-            # Vertex TensorBoard follows the run as it goes.
-            _copy_summaries(ctx.model_dir, ctx.tensorboard_dir)
         export_lib.export_if_best(ctx.build_model, ctx.model_dir, checkpoint, metrics,
                                   ctx.config.best_metric, ctx.config.higher_is_better,
                                   schema=ctx.schema, features=ctx.config.data.features,
                                   log=ctx.log, class_names=ctx.data.class_names)
 
     def _report(self, metrics):
-        """TensorBoard's HParams row of this run, the summaries where the
-        platform's TensorBoard reads them, and a tuning trial's metric."""
+        """TensorBoard's HParams row of this run and a tuning trial's metric."""
         ctx = self.ctx
         log_dir = ctx.tensorboard_dir or ctx.model_dir
         step = int(metrics.get("global_step") or 0)
         summaries.write_hparams(io.join(log_dir, "hparams"),
                                 {**dataclasses.asdict(ctx.config.train), **ctx.config.model},
                                 metrics, step)
-        if ctx.tensorboard_dir and ctx.tensorboard_dir.rstrip("/") != ctx.model_dir.rstrip("/"):
-            _copy_summaries(ctx.model_dir, ctx.tensorboard_dir)
         if ctx.hypertune_metric:
             if ctx.hypertune_metric not in metrics:
                 raise ConfigError(
@@ -241,9 +234,9 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
 
     ``engine`` is "estimator" (train_and_evaluate), "keras" (Model.fit) or
     "auto" (the Estimator where it exists). ``export_dir`` defaults to
-    ``MODEL_DIR/export``; ``tensorboard_dir``, when it differs from the model
-    dir (Vertex's AIP_TENSORBOARD_LOG_DIR), gets a copy of the summaries at
-    the end. SIGTERM or SIGINT saves the current step within
+    ``MODEL_DIR/export``; ``tensorboard_dir`` (Vertex's
+    AIP_TENSORBOARD_LOG_DIR) gets the summaries as training writes them
+    (default: the model dir). SIGTERM or SIGINT saves the current step within
     ``preemption_grace`` seconds and raises Preempted. ``flat_export`` writes
     the export in Vertex's layout; ``hypertune_metric`` reports that metric
     to Vertex's tuning service at the end.
@@ -339,16 +332,6 @@ def _data_errors_explained(dataset_path, train_fn, eval_fn):
             f"schema ({verify.short_tf_error(e)}). Check them with `python -m "
             f"experiments inspect {dataset_path} --verify`, or rerun with "
             f"--skip-corrupt to drop the batches that fail.") from e
-
-
-def _copy_summaries(model_dir, tensorboard_dir):
-    """Copies the event files (train and eval/) to where the platform's
-    TensorBoard looks."""
-    for sub in ("", "eval") + SUMMARY_SUBDIRS:
-        src = io.join(model_dir, sub) if sub else model_dir
-        for path in io.glob(io.join(src, "events.out.tfevents.*")):
-            io.makedirs(io.join(tensorboard_dir, sub))
-            io.copy_file(path, io.join(tensorboard_dir, sub, io.basename(path)))
 
 
 def _name_corrupt_files(error, *file_sets):

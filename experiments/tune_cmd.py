@@ -16,10 +16,15 @@ import sys
 
 from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
-from experiments import catalog, datasets, hparams, registry, tune
+from estimator_keras.distribute.launcher import PREEMPTION_MARGIN
+from estimator_keras.errors import ConfigError
+from experiments import commands, datasets, hparams, train_flags, tune
 from experiments.submit import positive_int
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
+# train's destinations that tune sets itself: the experiment, each trial's
+# model dir (DIR/trial-N) and --hparams (tune's fixed ones and the space's).
+PER_TRIAL = ("name", "model_dir", "hparams")
 
 
 def _seconds(text):
@@ -64,47 +69,41 @@ def add_parser(subparsers):
                         help="end a trial still running after this long (default %(default)s)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="when resuming, run failed and timed-out trials again")
-    # Passed on to every trial's `train`.
-    parser.add_argument("--data-dir", metavar="DIR",
-                        help="root of prepared datasets (default: $ESTIMATOR_KERAS_DATA_DIR "
-                             "or ./data)")
-    parser.add_argument("--source-dir", metavar="DIR", help="IDX files for prepare")
     parser.add_argument("--hparams", default="", metavar="K=V,...",
                         help="fixed overrides for every trial (not keys of the space)")
-    parser.add_argument("--max-steps", type=positive_int, metavar="N")
-    parser.add_argument("--batch-size", type=positive_int, metavar="N")
-    parser.add_argument("--eval-every", type=positive_int, metavar="N")
-    parser.add_argument("--engine", choices=("auto", "estimator", "keras"), default="auto")
-    parser.add_argument("--skip-corrupt", action="store_true")
+    train_flags.add_train_flags(
+        parser.add_argument_group("train's flags, passed to every trial"), exclude=PER_TRIAL)
     return parser
 
 
-def _train_args(args, data_dir, modules=()):
-    out = ["--data-dir", data_dir]
-    for module in modules:  # the trials register the same experiments
+def _train_args(args, data_dir):
+    """Every trial's ``train`` flags: all those given to tune (the global
+    ones too), with the data dir made absolute."""
+    given = argparse.Namespace(**{**vars(args), "data_dir": data_dir})
+    out = train_flags.trial_argv(given, exclude=PER_TRIAL)
+    for module in getattr(args, "modules", None) or ():  # the same experiments in the trials
         out += ["--module", module]
-    for flag, value in (("--source-dir", args.source_dir), ("--max-steps", args.max_steps),
-                        ("--batch-size", args.batch_size), ("--eval-every", args.eval_every)):
-        if value is not None:
-            out += [flag, str(value)]
-    if args.engine != "auto":
-        out += ["--engine", args.engine]
-    if args.skip_corrupt:
-        out.append("--skip-corrupt")
+    if getattr(args, "verbose", False):
+        out.append("--verbose")
     return out
 
 
 def build_config(args):
     """The :class:`~experiments.tune.StudyConfig` the arguments ask for (checks
-    the space against the hyperparameters the experiment accepts)."""
-    modules = list(getattr(args, "modules", None) or [])
-    catalog.check(catalog.load(modules), getattr(args, "verbose", False))
-    experiment = registry.get(args.name)
-    config = experiment.config
+    train's flags as ``train`` would, and the space against the hyperparameters
+    the experiment accepts)."""
+    _, config = commands.train_config(args)
     fixed = hparams.parse_hparams(args.hparams)
-    hparams.with_overrides(config, fixed)
     space = space_lib.load_space(args.space)
     space.check_hparams(lambda values: hparams.with_overrides(config, {**fixed, **values}))
+    flagged = {field: "--" + flag.replace("_", "-")
+               for flag, field in commands.TRAIN_CONFIG_FLAGS.items()
+               if getattr(args, flag) is not None}
+    both = [name for name in space.names if name in flagged]
+    if both:
+        raise ConfigError("tune: %s set both by %s and by the search space %s; a flag beats "
+                          "the space's values, so give it in one of them."
+                          % (", ".join(both), ", ".join(flagged[n] for n in both), args.space))
     metric = args.metric or config.best_metric
     goal = args.goal
     if goal is None and metric == config.best_metric:
@@ -115,18 +114,18 @@ def build_config(args):
                   else space_lib.DEFAULT_RANDOM_TRIALS)
     study = space_lib.Study(space, metric=metric, goal=goal, algorithm=args.algorithm,
                             max_trials=trials, parallel_trials=args.parallel)
-    data_dir = os.path.abspath(args.data_dir or os.environ.get("ESTIMATOR_KERAS_DATA_DIR")
-                               or "data")
+    data_dir = os.path.abspath(commands.data_dir(args))
     prepare = None
-    if not datasets.is_prepared(data_dir, config.data.dataset):
+    if datasets.find(config.data.dataset, data_dir)[1]:  # registered, not prepared yet
         prepare = [sys.executable, "-m", "experiments", "prepare", config.data.dataset,
                    "--data-dir", data_dir]
         if args.source_dir:
             prepare += ["--source-dir", args.source_dir]
     return tune.StudyConfig(
         experiment=args.name, study=study, model_dir=os.path.abspath(args.model_dir),
-        train_args=_train_args(args, data_dir, modules), fixed_hparams=args.hparams.strip(),
-        seed=args.seed, trial_timeout_s=args.trial_timeout, retry_failed=args.retry_failed,
+        train_args=_train_args(args, data_dir), fixed_hparams=args.hparams.strip(),
+        seed=args.seed, trial_timeout_s=args.trial_timeout,
+        grace_s=args.preemption_grace + PREEMPTION_MARGIN, retry_failed=args.retry_failed,
         prepare_command=prepare)
 
 

@@ -15,6 +15,7 @@ import time
 
 import mock
 import pytest
+import yaml
 
 from estimator_keras.cloud import backends, hypertune, packaging, submission, vertex
 from estimator_keras.cloud import space as space_lib
@@ -554,6 +555,109 @@ def test_tune_command_checks_the_space_against_the_experiment(tmp_path):
                                   "--hparams", "units=3"))
 
 
+# ------------------------------------------------------ train's flags reach trials
+
+
+def _subcommand_parser(parser, command):
+    # argparse offers no public listing of a parser's subcommands or actions.
+    for action in parser._actions:  # pylint: disable=protected-access
+        if isinstance(action.choices, dict) and command in action.choices:
+            return action.choices[command]
+    raise AssertionError("no subcommand %r" % command)
+
+
+def _dispatched(argv):
+    """The arguments ``python -m experiments ARGV`` hands its command (train
+    or tune), after the CLI's own processing, without running it."""
+    from experiments import cli  # pylint: disable=import-outside-toplevel
+    seen = []
+
+    def keep(args):
+        seen.append(args)
+        return 0
+
+    with mock.patch.dict(cli.COMMANDS, {"train": keep}), \
+            mock.patch.object(tune_cmd, "run", keep):
+        assert cli.main(list(map(str, argv))) == 0
+    return seen[0]
+
+
+def _sample_values(tmp_path, tiny_dataset):
+    """A value for each of train's flags that is not its default and that tune
+    can check (files that exist, numbers in range); others get a generic one."""
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  units: 16\n")
+    plugin = tmp_path / "nothing_registered.py"
+    plugin.write_text("# a plugin that registers nothing\n")
+    dataset, _ = tiny_dataset(n=8, num_shards=1)
+    return {"--config": str(config), "--module": str(plugin), "--dataset": dataset,
+            "--data-dir": str(tmp_path / "data"), "--hypertune-metric": "accuracy",
+            "--model-dir": str(tmp_path / "model"), "--hparams": "units=64"}
+
+
+def _sample(action, known):
+    flag = next(s for s in action.option_strings if s.startswith("--"))
+    if action.nargs == 0:
+        return flag, []
+    if flag in known:
+        return flag, [known[flag]]
+    if action.choices:
+        return flag, [[c for c in action.choices if c != action.default][-1]]
+    if action.type in (int, float):
+        return flag, [str(action.type(3))]
+    return flag, ["sample-%s" % action.dest]
+
+
+def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, tiny_dataset):
+    from experiments import cli  # pylint: disable=import-outside-toplevel
+    train_parser = _subcommand_parser(cli.build_parser(), "train")
+    known = _sample_values(tmp_path, tiny_dataset)
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: double, min: 0.001, max: 0.1, scale: log}\n")
+    study = tmp_path / "study"
+    baseline = _dispatched(["train", "fashion_mnist_mlp"])
+    checked = []
+    for action in train_parser._actions:  # pylint: disable=protected-access
+        if not action.option_strings or "--help" in action.option_strings:
+            continue
+        flag, value = _sample(action, known)
+        given = _dispatched(["train", "fashion_mnist_mlp", flag, *value])
+        dest = "modules" if flag == "--module" else action.dest
+        assert getattr(given, dest) != getattr(baseline, dest), (flag, "sample is the default")
+
+        tuned = _dispatched(["tune", "fashion_mnist_mlp", "--space", space, "--model-dir",
+                             study] + ([] if flag == "--model-dir" else [flag, *value]))
+        config = tune_cmd.build_config(tuned)
+        for trial in tune.plan(config)[:2]:
+            command = tune._trial_command(config, trial)  # pylint: disable=protected-access
+            assert command[1:4] == ["-m", "experiments", "train"], command
+            received = _dispatched(command[3:])
+            if flag == "--model-dir":  # tune's is the study's, each trial has its own
+                assert received.model_dir == os.path.join(str(study), "trial-%d" % trial.trial)
+            elif flag == "--hparams":  # fixed for every trial, then the space's values
+                assert received.hparams.startswith(value[0] + ",learning_rate=")
+            else:
+                assert getattr(received, dest) == getattr(given, dest), (flag, command)
+        checked.append(flag)
+    # The flags this test was written with are among those it found.
+    assert {"--config", "--dataset", "--strategy", "--engine", "--skip-corrupt", "--module",
+            "--preemption-grace", "--verbose"} <= set(checked), checked
+
+
+def test_tune_refuses_a_space_key_that_a_train_flag_sets(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("batch_size: {type: integer, min: 16, max: 64}\n")
+    args = _dispatched(["tune", "fashion_mnist_mlp", "--space", space, "--model-dir",
+                        tmp_path / "study", "--batch-size", 32])
+    with pytest.raises(ConfigError, match="batch_size set both by --batch-size and by the "
+                                          "search space"):
+        tune_cmd.build_config(args)
+    args = _dispatched(["tune", "fashion_mnist_mlp", "--space", space, "--model-dir",
+                        tmp_path / "study", "--max-steps", 0])
+    with pytest.raises(ConfigError, match="max_steps must be a positive integer"):
+        tune_cmd.build_config(args)
+
+
 # --------------------------------------------------------- local study: for real
 
 
@@ -648,3 +752,26 @@ def test_real_study_of_the_mlp_on_fashion_mnist_is_interrupted_and_resumed(
                        ).st_mtime_ns == stamps[n]
     rates = {int(r["trial"]): float(r["learning_rate"]) for r in rows}
     assert len(set(rates.values())) == 4 and all(0.0003 <= r <= 0.3 for r in rates.values())
+
+
+@pytest.mark.slow
+def test_a_real_study_passes_config_and_engine_to_its_trial(fashion_data, tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text("model:\n  units: 16\ntrain:\n  log_every_steps: 10\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: discrete, values: [0.003]}\n")
+    study_dir = tmp_path / "study"
+    done = subprocess.run(
+        _tune_command("fashion_mnist_mlp", "--space", space, "--trials", 1, "--model-dir",
+                      study_dir, "--data-dir", fashion_data, "--config", config, "--engine",
+                      "keras", "--strategy", "none", "--max-steps", 20, "--eval-every", 20,
+                      "--batch-size", 32),
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trial = study_dir / "trial-1"
+    with open(trial / "export" / "export.json", encoding="utf-8") as f:
+        exported = json.load(f)
+    assert exported["engine"] == "keras" and exported["global_step"] == 20
+    recorded = yaml.safe_load((trial / "config.yaml").read_text())
+    assert recorded["model"]["units"] == 16 and recorded["train"]["learning_rate"] == 0.003
+    assert recorded["train"]["log_every_steps"] == 10

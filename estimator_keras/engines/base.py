@@ -131,6 +131,9 @@ class TrainingPlan:
     watching (the caller enters it), or None: then signals act as usual."""
     chief: bool = True
     """Whether this task saves the checkpoints (the chief, or a lone process)."""
+    summary_dir: typing.Optional[str] = None
+    """Where the TensorBoard summaries go as training runs (Vertex AI's
+    AIP_TENSORBOARD_LOG_DIR); None: ``model_dir``."""
 
     def __post_init__(self):
         self.model_dir = str(self.model_dir)

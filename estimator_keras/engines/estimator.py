@@ -21,7 +21,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, export
+from estimator_keras import checkpoints, export, io, summaries
 from estimator_keras.engines import base, optimizers
 from estimator_keras.errors import DataError, UsageError
 
@@ -33,12 +33,13 @@ CHIEF_WAIT_SECS = 600
 
 def run_config(model_dir, *, save_checkpoints_steps=None, save_checkpoints_secs=None,
                keep_checkpoint_max=5, log_every_steps=100, train_distribute=None,
-               eval_distribute=None, seed=None, session_config=None):
+               eval_distribute=None, seed=None, session_config=None, summaries=True):
     """A ``tf.estimator.RunConfig`` with this package's defaults.
 
     Checkpoints every ``save_checkpoints_steps`` (or 600 s when neither is
     given); TensorFlow's own step logging is turned off in favour of
-    :class:`ProgressHook`.
+    :class:`ProgressHook`. ``summaries=False``: no training summaries in the
+    model dir (a :class:`SummaryHook` writes them elsewhere).
     """
     if save_checkpoints_steps is None and save_checkpoints_secs is None:
         save_checkpoints_secs = 600
@@ -46,10 +47,15 @@ def run_config(model_dir, *, save_checkpoints_steps=None, save_checkpoints_secs=
         model_dir=str(model_dir), tf_random_seed=seed,
         save_checkpoints_steps=save_checkpoints_steps,
         save_checkpoints_secs=save_checkpoints_secs if save_checkpoints_steps is None else None,
-        save_summary_steps=max(1, min(100, log_every_steps)),
+        save_summary_steps=summary_steps(log_every_steps) if summaries else 0,
         keep_checkpoint_max=keep_checkpoint_max, log_step_count_steps=None,
         train_distribute=train_distribute, eval_distribute=eval_distribute,
         session_config=session_config)
+
+
+def summary_steps(log_every_steps):
+    """Steps between training summaries."""
+    return max(1, min(100, log_every_steps))
 
 
 def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
@@ -183,6 +189,63 @@ class EvaluationExporter(tf.estimator.Exporter):
         self._on_evaluation(checkpoint_path, base.plain_metrics(eval_result))
 
 
+class SummaryHook(tf.estimator.SessionRunHook):
+    """Writes the training summaries (the loss, and any the model adds) into
+    ``output_dir`` every ``every_steps`` steps, visible from each multiple of
+    ``flush_every_steps`` (the checkpoint and evaluation steps) on: for a
+    summary folder other than the model dir, the only one the Estimator's own
+    summary saver writes to."""
+
+    def __init__(self, output_dir, every_steps, flush_every_steps):
+        self._dir = str(output_dir)
+        self._every, self._flush_every = int(every_steps), int(flush_every_steps)
+        self._summary = self._step = self._writer = self._last = self._written = None
+
+    def begin(self):
+        self._summary = tf.compat.v1.summary.merge_all()
+        self._step = tf.compat.v1.train.get_global_step()
+        self._writer = tf.compat.v1.summary.FileWriter(self._dir)
+        self._last = self._written = None
+
+    def before_run(self, run_context):
+        fetches = {"step": self._step}
+        if self._summary is not None and (
+                self._written is None or self._last + 1 - self._written >= self._every):
+            fetches["summary"] = self._summary
+        return tf.estimator.SessionRunArgs(fetches)
+
+    def after_run(self, run_context, run_values):
+        # The step fetched with the run is the one before its update.
+        step = int(run_values.results["step"]) + 1
+        if "summary" in run_values.results:
+            self._writer.add_summary(run_values.results["summary"], step)
+            self._written = step
+        if self._last is not None and step // self._flush_every > self._last // self._flush_every:
+            self._writer.flush()
+        self._last = step
+
+    def end(self, session):
+        self._writer.close()
+
+
+class SummaryExporter(tf.estimator.Exporter):
+    """Writes each evaluation's metrics as scalars into ``log_dir``, flushed at
+    once (the Estimator writes its own into MODEL_DIR/eval only)."""
+
+    def __init__(self, log_dir):
+        self._writer = summaries.ScalarWriter(log_dir)
+
+    @property
+    def name(self):
+        return "summaries"
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result,
+               is_the_final_export):
+        del estimator, export_path, checkpoint_path, is_the_final_export
+        metrics = base.plain_metrics(eval_result)
+        self._writer.write(metrics, metrics.get("global_step") or 0)
+
+
 class BestExporter(tf.estimator.Exporter):
     """Keeps the Keras export of the best checkpoint by an eval metric.
 
@@ -303,17 +366,28 @@ class EstimatorEngine(base.Engine):
             _wait_for_warm_start(plan.model_dir, plan.hooks.log)
 
     def train(self, plan):
+        # A summary dir of its own (Vertex AI's) gets the summaries as they are
+        # written; the Estimator's eval summaries stay in the model dir too,
+        # where early stopping reads them.
+        elsewhere = bool(plan.summary_dir) and (
+            plan.summary_dir.rstrip("/") != plan.model_dir.rstrip("/"))
         estimator = self._estimator(
             plan, save_checkpoints_steps=plan.eval_every_steps,
             keep_checkpoint_max=plan.keep_checkpoint_max,
             log_every_steps=plan.log_every_steps, train_distribute=plan.strategy,
-            seed=plan.seed)
+            seed=plan.seed, summaries=not elsewhere)
+        hooks, exporters = [], [EvaluationExporter(plan.hooks.on_evaluation)]
+        if elsewhere:
+            if plan.chief:
+                hooks.append(SummaryHook(plan.summary_dir, summary_steps(plan.log_every_steps),
+                                         plan.eval_every_steps))
+            exporters.insert(0, SummaryExporter(io.join(plan.summary_dir, "eval")))
         metrics = train_and_evaluate(
             estimator, plan.train_data, plan.eval_data, max_steps=plan.max_steps,
             eval_every_steps=plan.eval_every_steps, eval_steps=plan.eval_steps,
             batch_size=plan.batch_size, replicas=plan.replicas,
             log_every_steps=plan.log_every_steps, early_stopping=plan.early_stopping,
-            exporters=[EvaluationExporter(plan.hooks.on_evaluation)], log=plan.hooks.log,
+            exporters=exporters, hooks=hooks, log=plan.hooks.log,
             preemption=plan.preemption, chief=plan.chief,
             stop_with_chief=plan.strategy is not None and not plan.chief)
         step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None

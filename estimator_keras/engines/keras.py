@@ -8,7 +8,8 @@ the cluster commands do not change:
   steps, object-based with the model as root (the same weight keys the
   Estimator writes), so export and ``evaluate`` read either;
 - evaluation on the eval split after every checkpoint; TensorBoard summaries
-  in ``MODEL_DIR/train`` and ``MODEL_DIR/validation``;
+  in ``train/`` and ``validation/`` of the plan's summary dir (default
+  ``MODEL_DIR``), written at every evaluation;
 - crash-resume with ``tf.keras.callbacks.BackupAndRestore`` in
   ``MODEL_DIR/backup`` (deleted when training completes); a finished run
   continues from its last checkpoint when ``max_steps`` grows, and a model
@@ -39,7 +40,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, io
+from estimator_keras import checkpoints, engines, io, summaries
 from estimator_keras.engines import base, optimizers
 from estimator_keras.errors import UsageError
 
@@ -49,7 +50,7 @@ BACKUP_DIR = "backup"
 # TensorFlow's PreemptionCheckpointHandler keeps its workers' scratch here.
 PREEMPTION_DIR = "preemption"
 CHECKPOINT_NAME = "model.ckpt"
-# Where TensorFlow's Keras TensorBoard callback puts the two runs.
+# The two runs of the summaries, named as Keras' TensorBoard callback names them.
 SUMMARY_SUBDIRS = ("train", "validation")
 
 # What fit_and_evaluate returns: the engines' one result type.
@@ -189,6 +190,29 @@ class WithoutBatchHooks(tf.keras.callbacks.Callback):
         self.callback.on_predict_end(logs)
 
 
+class EpochSummaries(tf.keras.callbacks.Callback):
+    """Each epoch's (evaluation's) training and validation metrics as
+    TensorBoard scalars at the global step, in LOG_DIR/train and
+    LOG_DIR/validation with Keras' ``epoch_`` names, flushed at once: a
+    TensorBoard reading LOG_DIR (Vertex AI's) follows the run as it trains."""
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.writers = {sub: summaries.ScalarWriter(io.join(log_dir, sub))
+                        for sub in SUMMARY_SUBDIRS}
+
+    def on_epoch_end(self, epoch, logs=None):
+        step, logs = _step(self.model), logs or {}
+        self.writers["train"].write({f"epoch_{k}": v for k, v in logs.items()
+                                     if not k.startswith("val_")}, step)
+        self.writers["validation"].write({f"epoch_{k[len('val_'):]}": v for k, v in logs.items()
+                                          if k.startswith("val_")}, step)
+
+    def on_train_end(self, logs=None):
+        for writer in self.writers.values():
+            writer.close()
+
+
 class PreemptionCheckpoint(tf.keras.callbacks.Callback):
     """On SIGTERM or SIGINT (seen by the plan's PreemptionWatch): a checkpoint
     at the step just taken, then Preempted, before any evaluation runs.
@@ -325,8 +349,11 @@ def _fit(plan, build_compiled_model):
         callbacks.insert(2, PreemptionCheckpoint(plan.preemption, manager, is_chief,
                                                  plan.strategy, plan.model_dir))
     if importlib.util.find_spec("tensorboard") is not None:
-        callbacks.append(WithoutBatchHooks(tf.keras.callbacks.TensorBoard(
-            plan.model_dir, update_freq="epoch", profile_batch=0)))
+        if is_chief:
+            # Before the saver: an evaluation's numbers are in the summaries
+            # by the time it is reported.
+            callbacks.insert(callbacks.index(saver),
+                             EpochSummaries(plan.summary_dir or plan.model_dir))
     elif is_chief:
         # TensorFlow 2.16+ no longer installs TensorBoard itself.
         hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
