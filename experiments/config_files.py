@@ -185,12 +185,14 @@ def refusal(model_dir, changed, architecture=False):
         name = (yaml.safe_load(io.read_text(path)) or {}).get("name")
     except (OSError, yaml.YAMLError, AttributeError):
         name = None
-    keys = [c.split(":", 1)[0] for c in changed]
-    more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+    # One or two changes with their values; more by name, the file has them all.
+    shown = "; ".join(changed) if len(changed) <= 2 else ", ".join(
+        c.split(":", 1)[0] for c in changed[:3])
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     return OtherRunError(
         f"{model_dir} holds the checkpoints of another run{f' ({name})' if name else ''}"
         f"{', which do not fit this model' if architecture else ''}.\n"
-        f"Its model or data settings differ: {', '.join(keys[:3])}{more} (see {path}).\n"
+        f"Its model or data settings differ: {shown}{more} (see {path}).\n"
         f"Use another --model-dir for this run, or the settings recorded there to continue "
         f"that one.")
 

@@ -116,6 +116,12 @@ def test_a_model_dir_of_another_run_is_refused_in_three_lines(tmp_path, capsys):
                    f"model.setting_2 and 37 more (see {model_dir / 'config.yaml'}).")
     assert todo.startswith("  Use another --model-dir for this run")
     assert len(todo) < 100
+    # One change is shown with its values.
+    error = config_files.refusal(str(model_dir), ["model.units: 128 -> 64"])
+    cli._fail(error, verbose=False)  # pylint: disable=protected-access
+    what, why, _ = capsys.readouterr().err.splitlines()
+    assert what.endswith("holds the checkpoints of another run (fashion_mnist_mlp).")
+    assert why.startswith("  Its model or data settings differ: model.units: 128 -> 64 (see ")
 
 
 def test_prepare_sizes_its_default_shard_count_from_the_data(tmp_path):
