@@ -86,7 +86,7 @@ def load(modules=(), entry_points=True):
         for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             dist = point.dist.name if point.dist is not None else "?"
             _load(f"entry point {point.name}", f"entry point {point.name!r} of distribution "
-                  f"{dist}", lambda p=point: _module_file(p.value.split(":")[0].strip()),
+                  f"{dist}", lambda p=point: _module_file(_entry_point_module(p)),
                   point.load, broken)
     for spec, origin in requested_modules(modules):
         _load(spec, origin, lambda s=spec: _user_module_file(s),
@@ -132,6 +132,11 @@ def _imported(path):
     return any(os.path.basename(f) == base and os.path.realpath(f) == path
                for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
                if isinstance(f, str))
+
+
+def _entry_point_module(point):
+    """The module part of an entry point's ``module[:attr] [extras]``."""
+    return point.value.split(":")[0].split("[")[0].strip()
 
 
 def _module_file(name):
