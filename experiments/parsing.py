@@ -2,9 +2,10 @@
 errors, and the flag a mistyped one was probably meant to be.
 
 argparse takes any unambiguous prefix of a flag for the flag, so a typo such
-as ``--max-step 10`` would silently run as ``--max-steps 10``; every parser
-of ``python -m experiments`` and ``python -m benchmarks`` is a
-:class:`Parser`, which refuses it and names the close match::
+as ``--max-step 10`` would silently run as ``--max-steps 10``. The parsers
+of ``python -m experiments`` (every command) and ``python -m benchmarks``
+are :class:`Parser`, which refuses it and names the close match (the
+benchmarks' child scripts pass ``allow_abbrev=False`` themselves)::
 
     python -m experiments train: error: unrecognized arguments: --max-step 10
     (did you mean --max-steps?)
