@@ -254,7 +254,7 @@ def _keras_version():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.accuracy_runs",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.accuracy_runs", allow_abbrev=False,
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("spec", help="the run's spec, JSON")
     parser.add_argument("--data", required=True, help="dataset directory")

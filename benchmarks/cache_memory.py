@@ -78,7 +78,7 @@ def _child(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cache_memory",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cache_memory", allow_abbrev=False,
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="dataset directory")
     parser.add_argument("--epochs", type=int, default=10)

@@ -28,6 +28,7 @@ from importlib import metadata
 
 from benchmarks import common, plots
 from estimator_keras import engines
+from experiments import parsing
 
 # name -> (module, the environment it runs in: "estimator", "keras" or "any").
 TABLES = {
@@ -48,7 +49,7 @@ REPO_ROOT = os.path.dirname(common.HERE)
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = parsing.Parser(
         prog="python -m benchmarks",
         description="Benchmarks of estimator-keras on Fashion-MNIST TFRecords: input "
                     "pipelines, training steps/s, input-boundness, writing, the keras "

@@ -118,7 +118,7 @@ def _keras_installed(major):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_matrix",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_matrix", allow_abbrev=False,
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--keras", type=int, choices=(2, 3), action="append",
                         help="Keras major version(s) to try (default: both)")

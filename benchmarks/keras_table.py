@@ -313,7 +313,7 @@ def run(settings, path=None, models=MODELS, keras3=True):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.keras_table",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.keras_table", allow_abbrev=False,
                                      description="the Keras 3 child of the keras table")
     parser.add_argument("--serve", metavar="MODEL", dest="model", required=True)
     parser.add_argument("--arrays", required=True)

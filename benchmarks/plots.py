@@ -97,7 +97,7 @@ def write_plots(results, folder, prefix=""):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.plots",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plots", allow_abbrev=False,
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a results JSON of python -m benchmarks")
     parser.add_argument("--out", default=None, help="folder (default: the JSON's)")

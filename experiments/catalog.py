@@ -74,17 +74,23 @@ def requested_modules(modules=()):
 
 def load(modules=(), entry_points=True):
     """Imports the built-in modules, the installed plugins and ``modules``;
-    returns the :class:`Broken` ones (each module is imported once)."""
+    returns the :class:`Broken` ones. A module is known by the file it
+    resolves to, so one file given twice (``my.py``, ``./my.py``, its
+    absolute path, a link to it, or the module an entry point names) is
+    imported once."""
     broken = []
     for name in BUILTIN_MODULES:
-        _load(name, "built-in", lambda n=name: importlib.import_module(n), broken)
+        _load(name, "built-in", lambda n=name: _module_file(n),
+              lambda n=name: importlib.import_module(n), broken)
     if entry_points:
         for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             dist = point.dist.name if point.dist is not None else "?"
             _load(f"entry point {point.name}", f"entry point {point.name!r} of distribution "
-                  f"{dist}", point.load, broken)
+                  f"{dist}", lambda p=point: _module_file(_entry_point_module(p)),
+                  point.load, broken)
     for spec, origin in requested_modules(modules):
-        _load(spec, origin, lambda s=spec: _import_user_module(s), broken)
+        _load(spec, origin, lambda s=spec: _user_module_file(s),
+              lambda s=spec: _import_user_module(s), broken)
     return broken
 
 
@@ -97,13 +103,17 @@ def check(broken, verbose=False):
         raise PluginError(broken[0].message())
 
 
-def _load(key, origin, do_import, broken):
-    if key in _LOADED:
-        if isinstance(_LOADED[key], Broken):
-            broken.append(_LOADED[key])
-        return
+def _load(name, origin, locate, do_import, broken):
+    """Imports one module unless the file ``locate()`` finds for it (None:
+    no file, then ``name`` stands for it) is loaded already."""
+    key = name
     try:
         with registry.origin(origin):
+            key = locate() or name
+            if key in _LOADED or _imported(key):
+                if isinstance(_LOADED.get(key), Broken):
+                    broken.append(_LOADED[key])
+                return
             do_import()
         _LOADED[key] = origin
     except registry.DuplicateName as e:
@@ -111,6 +121,43 @@ def _load(key, origin, do_import, broken):
     except Exception as e:  # pylint: disable=broad-except  (any failure of user code)
         _LOADED[key] = Broken(origin, e, traceback.format_exc())
         broken.append(_LOADED[key])
+
+
+def _imported(path):
+    """Whether a module of this file is imported already (say by another
+    plugin): running the file again would register its names twice."""
+    if not os.path.isabs(path):
+        return False
+    base = os.path.basename(path)
+    return any(os.path.basename(f) == base and os.path.realpath(f) == path
+               for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+               if isinstance(f, str))
+
+
+def _entry_point_module(point):
+    """The module part of an entry point's ``module[:attr] [extras]``."""
+    return point.value.split(":")[0].split("[")[0].strip()
+
+
+def _module_file(name):
+    """The real path of the file that module ``name`` would be imported
+    from, or None (a namespace package, a built-in module)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.has_location or not spec.origin:
+        return None
+    return os.path.realpath(spec.origin)
+
+
+def _user_module_file(spec):
+    """The real path of the file a ``--module`` / ``EK_MODULES`` value
+    names (see :func:`_import_user_module`), or None."""
+    path = os.path.abspath(os.path.expanduser(spec))
+    if spec.endswith(".py") or os.path.isfile(path):
+        return os.path.realpath(path) if os.path.isfile(path) else None
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "__init__.py")):
+        return os.path.realpath(os.path.join(path, "__init__.py"))
+    _importable_from_cwd()
+    return _module_file(spec)
 
 
 def _import_user_module(spec):
@@ -130,6 +177,10 @@ def _import_user_module(spec):
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "__init__.py")):
         sys.path.insert(0, os.path.dirname(path))
         return importlib.import_module(os.path.basename(path))
+    _importable_from_cwd()
+    return importlib.import_module(spec)
+
+
+def _importable_from_cwd():
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return importlib.import_module(spec)

@@ -15,24 +15,17 @@ import traceback
 import warnings
 
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
-from experiments import cluster_cmd, commands, prepare_cmd, submit, train_flags, tune_cmd
+from experiments import cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags, tune_cmd
 
 logger = logging.getLogger("experiments")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on bad usage, as we want; this keeps its message
-    to one paragraph with a pointer to --help."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\nSee `{self.prog} --help`.\n")
-
-
 def build_parser():
-    parser = _Parser(prog="python -m experiments",
-                     description="Train Keras models from TFRecords with tf.estimator or Model.fit.")
+    parser = parsing.Parser(
+        prog="python -m experiments",
+        description="Train Keras models from TFRecords with tf.estimator or Model.fit.")
     _add_global_flags(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     sub.add_parser("list", help="list experiments and datasets")
@@ -155,7 +148,7 @@ def main(argv=None):
             parser.error(str(e))
         args.hparams = ",".join(filter(None, (args.hparams, found)))
     elif extra and args.command != "cluster":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.commands[args.command].unrecognized(extra)
     _merge_global_flags(args)
     _setup_logging(args.verbose)
     if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
@@ -212,4 +205,7 @@ def _fail(error, verbose, internal=False):
 
 def _one_paragraph(error):
     text = getattr(error, "message", None) or str(error)
+    if getattr(error, "keep_lines", False):
+        # A message written as a few short lines (what, why, what to do).
+        return "\n  ".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
     return " ".join(text.split())

@@ -34,7 +34,7 @@ from estimator_keras import engines, io
 from estimator_keras.distribute import launcher
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, UsageError
-from experiments import commands, registry
+from experiments import commands, parsing, registry
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
@@ -145,8 +145,9 @@ def _check_train_flags(args, command):
         return args.preemption_grace
     targs, unknown = train_parser.parse_known_args(command[4:])
     if unknown:
-        raise UsageError(f"the tasks' train command would not accept {' '.join(unknown)}; "
-                         f"see `python -m experiments train --help` for its flags.")
+        hint = parsing.did_you_mean(unknown, subcommands.choices["cluster"], train_parser)
+        raise UsageError(f"the tasks' train command would not accept {' '.join(unknown)}"
+                         f"{hint}; see `python -m experiments train --help` for its flags.")
     targs.verbose = getattr(args, "verbose", False)
     targs.modules = list(getattr(targs, "modules_after", None) or [])
     commands.experiment_config(targs, max_steps=getattr(targs, "max_steps", None),

@@ -168,11 +168,33 @@ def changed_settings(model_dir, config, dataset_path, data):
     return differences(before, record(config, dataset_path, data))
 
 
-def refusal(model_dir, changed):
-    """The sentence that refuses a model dir trained with other settings."""
-    return (f"{model_dir} was trained with other model or data settings "
-            f"({io.join(model_dir, RUN_CONFIG)}): {'; '.join(changed)}. Its checkpoints belong "
-            f"to that model: use another --model-dir, or the settings it was trained with.")
+class OtherRunError(ModelDirError):
+    """A model dir holding the checkpoints of a run with other model or data
+    settings. Its message is three short lines (what, why, what to do),
+    which the command line keeps as lines."""
+
+    keep_lines = True
+
+
+def refusal(model_dir, changed, architecture=False):
+    """The :class:`OtherRunError` that refuses a model dir trained with
+    other settings (``changed``, as :func:`changed_settings` lists them);
+    ``architecture``: its checkpoints do not fit this model either."""
+    path = io.join(model_dir, RUN_CONFIG)
+    try:
+        name = (yaml.safe_load(io.read_text(path)) or {}).get("name")
+    except (OSError, yaml.YAMLError, AttributeError):
+        name = None
+    # One or two changes with their values; more by name, the file has them all.
+    shown = "; ".join(changed) if len(changed) <= 2 else ", ".join(
+        c.split(":", 1)[0] for c in changed[:3])
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return OtherRunError(
+        f"{model_dir} holds the checkpoints of another run{f' ({name})' if name else ''}"
+        f"{', which do not fit this model' if architecture else ''}.\n"
+        f"Its model or data settings differ: {shown}{more} (see {path}).\n"
+        f"Use another --model-dir for this run, or the settings recorded there to continue "
+        f"that one.")
 
 
 def write(model_dir, config, dataset_path, data):

@@ -8,6 +8,8 @@ Datasets are registered with :func:`experiments.registry.register_dataset`;
 
 import logging
 import os
+import re
+import shlex
 
 from estimator_keras import io, manifest, sources
 from estimator_keras.errors import UsageError
@@ -93,8 +95,22 @@ def find(name, data_dir):
         return str(name).rstrip("/"), False
     prepared = [n for n in (io.listdir(data_dir) if io.isdir(data_dir) else [])
                 if is_prepared(data_dir, n)]
+    # A path names the files to import, never the new dataset: that gets a name.
+    is_path = "/" in str(name) or os.sep in str(name) or io.isdir(name)
+    new_name = suggested_name(name)
     raise UsageError(
         f"--dataset {name!r} is neither a dataset prepared in {data_dir} ({', '.join(prepared) or 'none'}), "
         f"nor a registered dataset ({', '.join(registry.dataset_names())}), nor a folder "
         f"holding a dataset.json. Prepare it first, e.g. `python -m experiments prepare images "
-        f"--source-dir DIR --name {name}`.")
+        f"--source-dir {shlex.quote(str(name)) if is_path else 'DIR'} --name {new_name} "
+        f"--data-dir {shlex.quote(str(data_dir))}`, "
+        f"then train with --dataset {new_name}.")
+
+
+def suggested_name(path):
+    """A valid ``prepare --name`` for the files at ``path``: its base name
+    with what a folder name may not hold replaced, never a registered one."""
+    base = os.path.basename(str(path).rstrip("/"))
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("._-") or "my_data"
+    taken = set(registry.dataset_names()) | set(registry.RESERVED_DATASET_NAMES)
+    return f"my_{name}" if name in taken else name

@@ -20,20 +20,25 @@ from experiments.datasets import Head, dataset_dir, is_prepared
 
 logger = logging.getLogger(__name__)
 
+# Default shard counts: one per MIN_SHARD_EXAMPLES examples, up to these
+# (enough files for parallel reads and a few workers); smaller data gains
+# nothing from more files than that.
 DEFAULT_SHARDS = {"train": 8, "test": 2}
+MIN_SHARD_EXAMPLES = 500
 IMPORTERS = ("images", "segmentation", "tfrecords")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _SKIPPED_RECORDED = 50
 
 
 def _num_shards(splits, shards):
-    num_shards = dict(DEFAULT_SHARDS)
     if shards:
         if int(shards) < 1:
             raise UsageError(f"--shards must be a positive integer; given {shards}.")
-        num_shards["train"] = int(shards)
-        num_shards["test"] = max(1, int(shards) // 4)
-    return {split: min(num_shards.get(split, 1), max(1, len(source)))
+        num_shards = {"train": int(shards), "test": max(1, int(shards) // 4)}
+    else:
+        num_shards = {split: min(DEFAULT_SHARDS.get(split, 1), len(source) // MIN_SHARD_EXAMPLES)
+                      for split, source in splits.items()}
+    return {split: max(1, min(num_shards.get(split, 1), len(source)))
             for split, source in splits.items()}
 
 

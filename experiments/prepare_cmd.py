@@ -45,7 +45,9 @@ def add_parser(subparsers):
                    help="a registered dataset's IDX files (default: Debian's "
                         "dataset-fashion-mnist, else download); for images and "
                         "segmentation, the folder to import")
-    p.add_argument("--shards", type=int, metavar="N", help="train shards (default 8)")
+    p.add_argument("--shards", type=int, metavar="N",
+                   help="train shards (default: one per 500 examples, at most 8; the test "
+                        "split gets N/4, by default at most 2)")
     p.add_argument("--num-workers", type=int, default=1, metavar="N",
                    help="processes checking files and writing shards in parallel")
     p.add_argument("--compression", choices=["none", "gzip"], default="none")

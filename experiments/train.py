@@ -149,13 +149,13 @@ class Runner:
         if latest:
             try:
                 checkpoints.check_compatible(ctx.probe, latest)
-            except ModelDirError as e:
+            except ModelDirError:
                 if ctx.changed:
-                    raise ModelDirError(f"{e} {config_files.refusal(ctx.model_dir, ctx.changed)}"
-                                        ) from None
+                    raise config_files.refusal(ctx.model_dir, ctx.changed,
+                                               architecture=True) from None
                 raise
             if ctx.changed:
-                raise ModelDirError(config_files.refusal(ctx.model_dir, ctx.changed))
+                raise config_files.refusal(ctx.model_dir, ctx.changed)
             ctx.engine.check_can_restore(latest)
             ctx.log_seed()
         return latest

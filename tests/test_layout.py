@@ -1,11 +1,14 @@
 """The shape of the house: TensorFlow stays out of the light modules, the
 public API resolves, modules import each other in one direction and stay
-small enough to read."""
+small enough to read, and the wheel holds the packages and nothing else."""
 
 import ast
+import glob
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -104,3 +107,30 @@ def test_no_module_is_too_long():
     long = {m: n for m, p in _modules()
             if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_no_benchmarks(tmp_path):
+    # benchmarks/ runs from a checkout; setup.py leaves it out of the wheel.
+    # The build runs on a copy, so that no build/ or egg-info lands here.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.py", "MANIFEST.in", "README.md", "BENCHMARKS.md", "tox.ini"):
+        if os.path.exists(os.path.join(ROOT, name)):
+            shutil.copy(os.path.join(ROOT, name), source / name)
+    for package in PACKAGES + ("benchmarks",):
+        shutil.copytree(os.path.join(ROOT, package), source / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "results"))
+    env = dict(child_env(), PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                           "--no-build-isolation", "--no-index", "-w", str(tmp_path / "dist"),
+                           str(source)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (wheel,) = glob.glob(str(tmp_path / "dist" / "*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith("benchmarks/")]
+    for module in ("estimator_keras/__init__.py", "estimator_keras/sources/__init__.py",
+                   "experiments/__main__.py", "experiments/cli.py"):
+        assert module in names, module
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == set(PACKAGES), tops

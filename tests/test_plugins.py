@@ -205,6 +205,27 @@ def test_one_name_twice_names_both_origins(package, site, tmp_path):
     assert f"--module {path}" in err
 
 
+def test_one_file_given_twice_is_loaded_once(package, site, tmp_path):
+    # Every spelling of one file (as `cluster` hands its tasks an absolute
+    # --module beside the EK_MODULES they inherit) is one module...
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(os.path.join(package, MODULE + ".py"), work / "my_exps.py")
+    os.symlink(work / "my_exps.py", tmp_path / "link_to_my_exps.py")
+    for env_value, flags in (("my_exps.py", ["--module", "my_exps.py"]),
+                             ("my_exps.py", ["--module", str(work / "my_exps.py")]),
+                             ("./my_exps.py", ["--module", "my_exps", "--module",
+                                               str(tmp_path / "link_to_my_exps.py")])):
+        rc, out, err = run_cli(*flags, "list", cwd=work, env=plugin_env(EK_MODULES=env_value))
+        assert rc == 0, (env_value, flags, err)
+        assert f"from {' '.join(flags[:2])}" in _line(out, EXPERIMENT)
+    # ... and so is the module an installed entry point names, given as a file.
+    installed = os.path.join(site, MODULE + ".py")
+    rc, out, err = run_cli("--module", installed, "list", cwd=tmp_path, env=plugin_env(site))
+    assert rc == 0, err
+    assert f"entry point {ENTRY_POINT!r} of distribution {DISTRIBUTION}" in _line(out, EXPERIMENT)
+
+
 # ------------------------------------------------------------------- submit
 
 

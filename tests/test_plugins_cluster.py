@@ -73,3 +73,34 @@ def test_cluster_tasks_import_the_users_module(tmp_path):
 def test_cluster_passes_the_users_modules_to_its_tasks():
     # As absolute paths: the tasks may start in another directory.
     assert cluster_forwards_modules()
+
+
+TWICE_PROBE = """import dataclasses
+from experiments import registry
+base = registry.get("fashion_mnist_mlp")
+registry.register(dataclasses.replace(
+    base, config=dataclasses.replace(base.config, name="ek_given_twice")))
+"""
+
+
+def test_cluster_checks_pass_with_a_module_also_in_ek_modules(tmp_path, monkeypatch):
+    # The tasks' train command gets --module as an absolute path beside the
+    # relative EK_MODULES they inherit: one file, which must load once.
+    (tmp_path / "my_exps.py").write_text(TWICE_PROBE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EK_MODULES", "my_exps.py")
+    argv = ["--module", "my_exps.py", "cluster", "ek_given_twice", "--workers", "0",
+            "--model-dir", str(tmp_path / "m"), "--log-dir", str(tmp_path / "logs"),
+            "--max-steps", "1"]
+    args, extra = cli.build_parser().parse_known_args(argv)
+    cli._merge_global_flags(args)  # pylint: disable=protected-access
+    launched = []
+
+    def launch(command, **kwargs):
+        launched.append(command)
+        raise _Launched()
+
+    with mock.patch.object(cluster_cmd.launcher, "launch_local_cluster", launch), \
+            contextlib.redirect_stdout(io.StringIO()), pytest.raises(_Launched):
+        cluster_cmd.run(args, extra)
+    assert launched[0][launched[0].index("--module") + 1] == str(tmp_path / "my_exps.py")

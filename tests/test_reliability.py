@@ -170,8 +170,13 @@ def test_model_dir_of_other_architecture_is_refused(fashion_data, trained_dir, t
     rc, _, err = _train(fashion_data, model_dir, name="fashion_mnist_cnn", steps=60)
     assert rc == 1
     _no_traceback(err)
-    assert "does not fit this model's architecture" in err
-    assert "shape mismatches" in err or "missing from the checkpoint" in err
+    # What, why, what to do: three short lines.
+    what, why, todo = err[err.index("error: "):].splitlines()
+    assert f"{model_dir} holds the checkpoints of another run (fashion_mnist_mlp), which do " \
+           "not fit this model." in what
+    assert "model.dropout" in why and str(model_dir / "config.yaml") in why
+    assert "Use another --model-dir" in todo
+    assert max(len(line.replace(str(model_dir), "DIR")) for line in (what, why, todo)) < 130
     after = {p: open(model_dir / p, "rb").read() for p in before}
     assert before == after  # nothing restored, nothing overwritten
 
