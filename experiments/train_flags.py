@@ -84,7 +84,7 @@ def trial_argv(args, exclude=()):
     """The ``train`` arguments that give a run the values ``args`` holds for
     train's flags (those in ``exclude`` left out); flags at their default are
     left out too, so the trial gets train's own default."""
-    actions = add_train_flags(argparse.ArgumentParser(add_help=False), exclude)
+    actions = add_train_flags(argparse.ArgumentParser(add_help=False, allow_abbrev=False), exclude)
     return to_argv(actions, args)
 
 
