@@ -354,7 +354,11 @@ def _project(tmp_path):
     holding every file a docs block is titled with."""
     project = tmp_path / "project"
     (project / "bin").mkdir(parents=True)
-    os.symlink(sys.executable, project / "bin" / "python")
+    # A script, not a link: a link to a virtual environment's python outside
+    # its bin/ folder would not find the environment.
+    shim = project / "bin" / "python"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n', encoding="utf-8")
+    shim.chmod(0o755)
     for block in BLOCKS:
         if block.title and FILE_TITLE.match(block.title) and ".." not in block.title:
             target = project / block.title
