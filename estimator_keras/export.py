@@ -105,8 +105,9 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
         the model itself; its weights are replaced by the checkpoint's.
       model_dir: the model dir holding the checkpoints.
       checkpoint: a checkpoint prefix; default the latest in ``model_dir``.
-      schema, features: the dataset's schema and the input -> feature map,
-        for the ``serve_examples`` signature (omitted when schema is None).
+      schema: the dataset's schema, for the ``serve_examples`` signature
+        (omitted when schema is None).
+      features: the input -> feature map of that signature.
       export_dir: default ``MODEL_DIR/export``.
       metadata: extra JSON-able facts for ``export.json`` (metrics, name).
       class_names: the label's class names in class-id order: listed in

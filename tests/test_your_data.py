@@ -5,12 +5,13 @@ files and a segmentation folder go through ``prepare`` and train
 ``image_classifier`` / ``image_segmenter`` past a real baseline; the export
 is loaded and used by a Python that never imports this package. Config files,
 ``show`` and ``MODEL_DIR/config.yaml`` are checked on real runs, and the
-README's example module and prediction snippet are run as they are written.
+docs' example module and prediction snippet (docs/tutorials/) are run as they are written.
 
 Sizes are chosen so that each claim is real and the file stays within a few
 minutes of CPU: 300 images per class at 28x28, a few hundred steps.
 """
 
+import glob
 import json
 import os
 import re
@@ -473,22 +474,26 @@ def test_fashion_mnist_cnn_trains_on_mnist(mnist_data, tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# 6. The README's example module and prediction snippet, as written
+# 6. The docs' example module and prediction snippet, as written
 
 
 def readme_block(title):
-    """The body of README.md's fenced block that opens with the line
-    ```python title="TITLE"."""
-    with open(README, encoding="utf-8") as f:
-        text = f.read()
+    """The body of the fenced block that opens with the line
+    ```python title="TITLE" in README.md or a page of docs/ (the first found)."""
     opening = f'```python title="{title}"\n'
-    start = text.find(opening)
-    assert start >= 0, (f'README.md has no block opening with ```python title="{title}" '
-                        f'(section "Your own experiments and data")')
-    start += len(opening)
-    end = text.find("\n```", start)
-    assert end > start, f"README.md: the block {title} is not closed"
-    return text[start:end + 1]
+    paths = [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
+                                        recursive=True))
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        start = text.find(opening)
+        if start >= 0:
+            start += len(opening)
+            end = text.find("\n```", start)
+            assert end > start, f"{path}: the block {title} is not closed"
+            return text[start:end + 1]
+    raise AssertionError(f'no block opening with ```python title="{title}" in README.md '
+                         f"or docs/ (docs/tutorials/ has the example module and predict.py)")
 
 
 @pytest.mark.slow
@@ -513,8 +518,8 @@ def test_readme_example_module_lists_and_trains(tmp_path):
 
 @pytest.mark.slow
 def test_readme_prediction_snippet_names_the_class(photos, photos_model):
-    """The README's predict.py, run as it is written in the project folder
-    the README's commands made, on one of the user's own image files."""
+    """The docs' predict.py, run as it is written in the project folder
+    the tutorial's commands made, on one of the user's own image files."""
     code = readme_block("predict.py")
     images, labels = user_data.fashion_examples(1, split="test", skip=20)
     trouser = images[list(labels).index(1)]
