@@ -16,7 +16,7 @@ import sys
 
 from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
-from experiments import catalog, datasets, hparams, registry, tune
+from experiments import catalog, commands, datasets, hparams, registry, tune
 from experiments.submit import positive_int
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -115,8 +115,7 @@ def build_config(args):
                   else space_lib.DEFAULT_RANDOM_TRIALS)
     study = space_lib.Study(space, metric=metric, goal=goal, algorithm=args.algorithm,
                             max_trials=trials, parallel_trials=args.parallel)
-    data_dir = os.path.abspath(args.data_dir or os.environ.get("ESTIMATOR_KERAS_DATA_DIR")
-                               or "data")
+    data_dir = os.path.abspath(commands.data_dir(args))
     prepare = None
     if not datasets.is_prepared(data_dir, config.data.dataset):
         prepare = [sys.executable, "-m", "experiments", "prepare", config.data.dataset,
