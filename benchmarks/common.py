@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from estimator_keras import io
+
 logger = logging.getLogger(__name__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -507,13 +509,10 @@ def now_iso():
 
 
 def write_json(obj, path):
-    """Writes ``obj`` to ``path`` via a temporary name and a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
+    """Writes ``obj`` to ``path`` atomically (see :func:`estimator_keras.io.atomic_file`)."""
+    io.makedirs(io.parent(os.path.abspath(path)))
+    with io.atomic_file(path) as f:
         json.dump(obj, f, indent=2, default=_jsonable)
-    os.replace(tmp, path)
 
 
 def _jsonable(value):

@@ -14,6 +14,7 @@ import tempfile
 
 import tensorflow as tf
 
+from estimator_keras import io
 from estimator_keras.errors import ModelDirError
 
 _STEP_KEYS = ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step",
@@ -55,12 +56,12 @@ def check_estimator_can_restore(checkpoint):
     step there); the keras engine restores both. Raises ModelDirError for a
     keras-engine checkpoint, saying what works instead."""
     if checkpoint_engine(checkpoint) == "keras":
-        model_dir = os.path.dirname(str(checkpoint))
+        model_dir = io.parent(checkpoint)
         raise ModelDirError(
             f"{model_dir} was trained by the keras engine, and tf.estimator cannot restore "
             f"its checkpoint {checkpoint} (it has no estimator_global_step). Use --engine "
             f"keras for this model dir, or start a new --model-dir; the weights move between "
-            f"engines as {os.path.join(model_dir, 'export', 'weights.h5')}.")
+            f"engines as {io.join(model_dir, 'export', 'weights.h5')}.")
 
 
 def _model_checkpoint_keys(model):

@@ -26,7 +26,6 @@ Example::
 
 import json
 import logging
-import os
 import tempfile
 import threading
 
@@ -138,11 +137,11 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     staging = io.new_dir(tempfile.gettempdir() if remote else parent, prefix)
     try:
         # The SavedModel first: saving it flat wants the folder to itself.
-        tf.saved_model.save(model, staging if flat else os.path.join(staging, "saved_model"),
+        tf.saved_model.save(model, staging if flat else io.join(staging, "saved_model"),
                             signatures=serving_functions(model, schema, features, class_names))
-        model.save(os.path.join(staging, "model.h5"), save_format="h5",
+        model.save(io.join(staging, "model.h5"), save_format="h5",
                    include_optimizer=False)
-        model.save_weights(os.path.join(staging, "weights.h5"))
+        model.save_weights(io.join(staging, "weights.h5"))
         info = {"checkpoint": checkpoint, "global_step": step,
                 "inputs": {n: {"shape": list(t.shape)[1:], "dtype": t.dtype.name}
                            for n, t in zip(model.input_names, model.inputs)},
@@ -150,12 +149,16 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
                 "features": features, **(metadata or {})}
         if class_names:
             info["class_names"] = [str(n) for n in class_names]
-        io.atomic_write(os.path.join(staging, EXPORT_INFO),
+        io.atomic_write(io.join(staging, EXPORT_INFO),
                         json.dumps(info, indent=2, default=str))
         if remote:
-            remote_tmp = f"{export_dir}{io.TMP_MARK}{os.getpid()}"
-            io.copy_tree(staging, remote_tmp)
-            io.swap_in(remote_tmp, export_dir)
+            remote_tmp = io.temporary_name(export_dir)
+            try:
+                io.copy_tree(staging, remote_tmp)
+                io.swap_in(remote_tmp, export_dir)
+            except BaseException:
+                io.rmtree(remote_tmp)
+                raise
         else:
             io.swap_in(staging, export_dir)
     finally:
@@ -166,7 +169,7 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
 def _staging_prefix(export_dir):
     # Named after the target: the evaluator's best export and the chief's
     # final one may be staged in the same folder at the same time.
-    return f".{io.basename(export_dir)}.tmp-"
+    return f".{io.basename(export_dir)}{io.TMP_MARK}"
 
 
 def remove_stale_staging(export_dir):

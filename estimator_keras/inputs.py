@@ -322,6 +322,17 @@ def _log_once(key, message):
         logger.info("%s", message)
 
 
+def _resolve(data, split, training, config):
+    """The :class:`~estimator_keras.records.RecordFiles` of ``data`` (which
+    may already be one); the split defaults to train or test."""
+    if isinstance(data, records.RecordFiles):
+        return data
+    # With skip_corrupt a truncated shard is read up to its damage instead
+    # of being refused for its size.
+    return records.resolve(data, split or ("train" if training else "test"),
+                           check_sizes=not config.skip_corrupt)
+
+
 def make_dataset(data, batch_size, *, training, split=None, config=None,
                  num_epochs=None, input_context=None, shard=None, **overrides):
     """Builds the ``tf.data.Dataset`` of ``(features, labels)`` batches.
@@ -349,11 +360,7 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
     config = dataclasses.replace(config or InputConfig(), **overrides)
     if int(batch_size) < 1:
         raise UsageError(f"batch_size must be a positive integer; given {batch_size!r}.")
-    if isinstance(data, records.RecordFiles):
-        resolved = data
-    else:
-        resolved = records.resolve(data, split or ("train" if training else "test"),
-                                   check_sizes=not config.skip_corrupt)
+    resolved = _resolve(data, split, training, config)
     mapping = feature_map(resolved.schema, config.features, config.label)
     files = list(resolved.files)
 
@@ -461,13 +468,7 @@ def make_input_fn(data, batch_size, *, training, split=None, config=None,
         eval_fn = make_input_fn("/data/fm", 128, training=False, split="test")
     """
     input_config = dataclasses.replace(config or InputConfig(), **overrides)
-    if isinstance(data, records.RecordFiles):
-        resolved = data
-    else:
-        # With skip_corrupt a truncated shard is read up to its damage
-        # instead of being refused for its size.
-        resolved = records.resolve(data, split or ("train" if training else "test"),
-                                   check_sizes=not input_config.skip_corrupt)
+    resolved = _resolve(data, split, training, input_config)
     feature_map(resolved.schema, input_config.features, input_config.label)
 
     # Estimator inspects the argument names and passes only those it knows.

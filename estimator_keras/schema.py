@@ -20,7 +20,6 @@ Encodings (how a value sits inside a ``tf.train.Example``):
 """
 
 import dataclasses
-import json
 
 import numpy as np
 
@@ -118,13 +117,6 @@ def spec_for_array(name, array, encoding=None):
 
 def schema_to_json(schema):
     return {name: spec.to_json() for name, spec in schema.items()}
-
-
-def schema_from_json(obj):
-    if not isinstance(obj, dict) or not obj:
-        raise SchemaError("the schema must be a non-empty object of feature "
-                          f"name -> spec; given {json.dumps(obj)[:200]}.")
-    return {name: FeatureSpec.from_json(name, spec) for name, spec in obj.items()}
 
 
 def describe(schema):

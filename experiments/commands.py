@@ -12,7 +12,7 @@ import importlib
 import json
 import os
 
-from estimator_keras import engines, manifest
+from estimator_keras import engines, io, manifest
 from estimator_keras.cloud import jobenv
 from estimator_keras.engines.base import duration, format_metrics
 from estimator_keras.errors import UsageError
@@ -167,10 +167,10 @@ def describe_evaluation(evaluated):
 
 def print_export(export_dir):
     if export_dir:
-        print(f"exported: {os.path.join(export_dir, 'model.h5')}  (Keras model, "
+        print(f"exported: {io.join(export_dir, 'model.h5')}  (Keras model, "
               f"load_model(path, compile=False))")
-        print(f"          {os.path.join(export_dir, 'weights.h5')}  (weights only)")
-        print(f"          {os.path.join(export_dir, 'saved_model')}  (SavedModel)")
+        print(f"          {io.join(export_dir, 'weights.h5')}  (weights only)")
+        print(f"          {io.join(export_dir, 'saved_model')}  (SavedModel)")
 
 
 def cmd_evaluate(args):

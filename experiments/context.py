@@ -31,6 +31,26 @@ def say(message):
     sys.stderr.flush()
 
 
+def task_log(info, message):
+    """:func:`say`, with the task's name where there are several tasks to tell apart."""
+    say(f"[{info.task_name}] {message}" if info.is_distributed else message)
+
+
+def header_line(config, strategy_name, replicas, info, engine_name):
+    """The run's first line: experiment, strategy, batch sizes and engine."""
+    train = config.train
+    if strategy_name == "parameter_server":
+        # Asynchronous updates: every worker step is one global step of
+        # one batch, so examples/s = global steps/s x batch size, with no
+        # replica factor (one would double-count).
+        return (f"experiment {config.name}: strategy {strategy_name}, batch size "
+                f"{train.batch_size} per update, {info.num_workers} training "
+                f"task(s) updating asynchronously; engine {engine_name}")
+    return (f"experiment {config.name}: strategy {strategy_name}, batch size "
+            f"{train.batch_size} per replica, {train.batch_size * replicas} "
+            f"global ({replicas} replica(s)); engine {engine_name}")
+
+
 def engine_for(requested, model_dir):
     """resolve_engine, except that "auto" keeps a model dir the keras engine
     trained with the keras engine (the Estimator cannot restore it)."""
@@ -116,9 +136,10 @@ def check_inputs(model, config, dataset_path):
     return schema, mapping
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunContext:
-    """A run's decisions, made once by :meth:`build`.
+    """A run's decisions, made once by :meth:`build`; frozen: every field is
+    known when it is built.
 
     Attributes:
       experiment, config: what to train (config with overrides applied).
@@ -133,6 +154,8 @@ class RunContext:
       skip_corrupt: drop unreadable records instead of stopping.
       start_step: the step of the model dir's checkpoint when the run starts.
       seed: the run's random seed (see :func:`estimator_keras.engines.base.run_seed`).
+      policy, policy_reason: the Keras mixed-precision policy the model computes
+        in, and why (see :func:`estimator_keras.precision.resolve`).
       preemption_grace: seconds from SIGTERM to the end of the process.
       data: the dataset's :class:`~experiments.data_info.DataInfo`.
       flat_export: the final export in Vertex's layout (SavedModel at the root).
@@ -158,6 +181,8 @@ class RunContext:
     skip_corrupt: bool
     start_step: int = 0
     seed: int = None
+    policy: str = None
+    policy_reason: str = None
     preemption_grace: float = DEFAULT_GRACE_SECS
     data: object = None
     flat_export: bool = False
@@ -181,62 +206,42 @@ class RunContext:
                 evaluator="an evaluator task (TF_CONFIG)" if info.is_evaluator else None)
         distribute = strategy_lib.make_train_distribute(strategy_name, cluster_info=info)
         # Only now: importing an engine loads Keras.
-        context = cls(experiment=experiment, config=config, info=info,
-                      engine=engines.get_engine(engine_name), strategy_name=strategy_name,
-                      distribute=distribute, replicas=strategy_lib.num_replicas(distribute),
-                      model_dir=str(model_dir), export_dir=export_dir,
-                      tensorboard_dir=tensorboard_dir, dataset_path=None, train_fn=None,
-                      eval_fn=None, probe=None, skip_corrupt=skip_corrupt,
-                      preemption_grace=preemption_grace, flat_export=flat_export,
-                      hypertune_metric=hypertune_metric)
-        context.log_header()
-        context.dataset_path = ensure_data(config, data_dir, source_dir,
-                                           is_chief=info.is_chief, num_workers=prepare_workers)
-        check_numeric_inputs(config, context.dataset_path)
-        context.data = data_info.describe(manifest.load_manifest(context.dataset_path),
-                                          config.data)
-        context.changed = config_files.changed_settings(model_dir, config, context.dataset_path,
-                                                        context.data)
+        engine_obj = engines.get_engine(engine_name)
+        replicas = strategy_lib.num_replicas(distribute)
+        task_log(info, header_line(config, strategy_name, replicas, info, engine_obj.name))
+        dataset_path = ensure_data(config, data_dir, source_dir,
+                                   is_chief=info.is_chief, num_workers=prepare_workers)
+        check_numeric_inputs(config, dataset_path)
+        data = data_info.describe(manifest.load_manifest(dataset_path), config.data)
+        changed = config_files.changed_settings(model_dir, config, dataset_path, data)
         latest = tf.train.latest_checkpoint(str(model_dir))
-        context.start_step = (checkpoints.checkpoint_step(latest) or 0) if latest else 0
-        context.seed = base.run_seed(config.train.seed, context.start_step)
-        context.policy, context.policy_reason = precision.resolve(config.train.precision)
-        context.log_precision()
-        tf.keras.utils.set_random_seed(context.seed)
-        context.probe = context.build_model()
-        check_inputs(context.probe, config, context.dataset_path)
-        context.train_fn, context.eval_fn = input_fns(config, context.dataset_path, info,
-                                                      skip_corrupt, context.seed)
-        return context
+        start_step = (checkpoints.checkpoint_step(latest) or 0) if latest else 0
+        seed = base.run_seed(config.train.seed, start_step)
+        policy, policy_reason = precision.resolve(config.train.precision)
+        if config.train.precision != "float32":
+            task_log(info, f"precision {policy} ({config.train.precision}: {policy_reason}); "
+                           f"variables and exports stay float32")
+        tf.keras.utils.set_random_seed(seed)
+        probe = experiment.make_model(config.model, data)
+        check_inputs(probe, config, dataset_path)
+        train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed)
+        return cls(experiment=experiment, config=config, info=info, engine=engine_obj,
+                   strategy_name=strategy_name, distribute=distribute, replicas=replicas,
+                   model_dir=str(model_dir), export_dir=export_dir,
+                   tensorboard_dir=tensorboard_dir, dataset_path=dataset_path,
+                   train_fn=train_fn, eval_fn=eval_fn, probe=probe, skip_corrupt=skip_corrupt,
+                   start_step=start_step, seed=seed, policy=policy, policy_reason=policy_reason,
+                   preemption_grace=preemption_grace, data=data, flat_export=flat_export,
+                   hypertune_metric=hypertune_metric, changed=changed)
 
     def log(self, message):
-        # Task names only where there are several tasks to tell apart.
-        say(f"[{self.info.task_name}] {message}" if self.info.is_distributed else message)
-
-    def log_precision(self):
-        if self.config.train.precision != "float32":
-            self.log(f"precision {self.policy} ({self.config.train.precision}: "
-                     f"{self.policy_reason}); variables and exports stay float32")
+        task_log(self.info, message)
 
     def log_seed(self):
         if self.seed != self.config.train.seed and self.start_step < self.config.train.max_steps:
             self.log(f"resuming at step {self.start_step} with random seed {self.seed} (from "
                      f"seed {self.config.train.seed} and the step): new shuffles and dropout, "
                      f"not the first run's again")
-
-    def log_header(self):
-        config, train = self.config, self.config.train
-        if self.strategy_name == "parameter_server":
-            # Asynchronous updates: every worker step is one global step of
-            # one batch, so examples/s = global steps/s x batch size, with no
-            # replica factor (one would double-count).
-            self.log(f"experiment {config.name}: strategy {self.strategy_name}, batch size "
-                     f"{train.batch_size} per update, {self.info.num_workers} training "
-                     f"task(s) updating asynchronously; engine {self.engine.name}")
-        else:
-            self.log(f"experiment {config.name}: strategy {self.strategy_name}, batch size "
-                     f"{train.batch_size} per replica, {train.batch_size * self.replicas} "
-                     f"global ({self.replicas} replica(s)); engine {self.engine.name}")
 
     def build_model(self):
         return self.experiment.make_model(self.config.model, self.data)
@@ -256,7 +261,8 @@ class RunContext:
             self.experiment, config, self.data, model_dir=self.model_dir, train_data=self.train_fn,
             eval_data=self.eval_fn, replicas=self.replicas, early_stopping=early,
             strategy=self.distribute, hooks=hooks, seed=self.seed, preemption=preemption,
-            policy=self.policy, summary_dir=self.tensorboard_dir)
+            policy=self.policy, chief=self.info.is_chief,
+            summary_dir=self.tensorboard_dir)
 
 
 def experiment_plan(experiment, config, data=None, policy=None, **fields):

@@ -9,14 +9,13 @@ writer when it runs.
 
 import argparse
 import importlib
-import os
 import re
 
 from estimator_keras import manifest
 from estimator_keras.errors import UsageError
 from experiments import catalog, registry
+from experiments.commands import data_dir
 
-IMPORTERS = ("images", "segmentation", "tfrecords")
 _FOLDER_FLAGS = ("name", "image_size", "channels", "test_fraction", "strict")
 _TFRECORD_FLAGS = ("source", "test_source", "features", "label", "num_classes", "class_names")
 
@@ -91,10 +90,6 @@ def add_parser(subparsers):
     return p
 
 
-def _data_dir(args):
-    return args.data_dir or os.environ.get("ESTIMATOR_KERAS_DATA_DIR") or "data"
-
-
 def parse_image_size(text):
     """'HxW' or 'N' -> (height, width); UsageError otherwise."""
     if text is None:
@@ -139,14 +134,14 @@ def run(args):
     catalog.check(catalog.load(getattr(args, "modules", None)), getattr(args, "verbose", False))
     prepare = importlib.import_module("experiments.prepare")
     compression = None if args.compression == "none" else "GZIP"
-    if args.dataset not in IMPORTERS:
+    if args.dataset not in prepare.IMPORTERS:
         if args.dataset not in registry.dataset_names():
             raise UsageError(f"unknown dataset {args.dataset!r}; registered: "
                              f"{', '.join(registry.dataset_names())}; or import your own "
                              f"files with prepare images, segmentation or tfrecords.")
         _refuse(args, _FOLDER_FLAGS + _TFRECORD_FLAGS, f"the registered dataset "
                 f"{args.dataset!r} (they are for prepare images|segmentation|tfrecords)")
-        out = prepare.prepare(args.dataset, _data_dir(args), source_dir=args.source_dir,
+        out = prepare.prepare(args.dataset, data_dir(args), source_dir=args.source_dir,
                               shards=args.shards, num_workers=args.num_workers,
                               compression=compression, force=args.force,
                               max_examples=args.max_examples)
@@ -178,7 +173,7 @@ def run(args):
             raise UsageError(f"prepare {kind} needs --source-dir DIR: the folder to import.")
         options["source_dir"] = args.source_dir
     options["test_fraction"] = 0.1 if args.test_fraction is None else args.test_fraction
-    done = prepare.import_files(kind, args.name, _data_dir(args), shards=args.shards,
+    done = prepare.import_files(kind, args.name, data_dir(args), shards=args.shards,
                                 num_workers=args.num_workers, compression=compression,
                                 force=args.force, **options)
     print(f"dataset {args.name} ready in {done.directory} ({_counts(done.manifest)})")

@@ -124,9 +124,7 @@ class Runner:
 
     def _plan(self, preemption=None):
         hooks = base.TrainingHooks(self.ctx.log, self._on_evaluation)
-        plan = self.ctx.plan(hooks, preemption=preemption)
-        plan.chief = self.ctx.info.is_chief
-        return plan
+        return self.ctx.plan(hooks, preemption=preemption)
 
     def _train(self, is_chief):
         ctx = self.ctx

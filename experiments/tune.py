@@ -44,7 +44,7 @@ from typing import Dict, List, Optional
 
 from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
-from estimator_keras.distribute.launcher import PREEMPTION_MARGIN
+from estimator_keras.distribute.launcher import PREEMPTION_MARGIN, signal_group
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
 
@@ -229,21 +229,14 @@ def _child_env() -> Dict[str, str]:
     return env
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _end(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM to the trial's process group, SIGKILL after ``grace_s``."""
-    _signal_group(proc, signal.SIGTERM)
+    signal_group(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-    _signal_group(proc, signal.SIGKILL)
+    signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
@@ -347,7 +340,7 @@ class _Runner:
     def stop(self) -> None:
         """Ends every running trial (SIGTERM, then SIGKILL after the grace)."""
         for proc, _, _ in self.running.values():
-            _signal_group(proc, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.grace_s
         for number in list(self.running):
             proc = self.running[number][0]
@@ -355,7 +348,7 @@ class _Runner:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
             self.finish(number, "interrupted")
 

@@ -478,6 +478,18 @@ def test_targets_and_formatting():
     assert "1,234" in text and "1.00x" in text and "MET" in text
 
 
+def test_write_json_is_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "results" / "latest.json"
+    common.write_json({"tables": {"a": np.float32(1.5)}}, str(path))
+    assert json.loads(path.read_text()) == {"tables": {"a": 1.5}}
+    circular = {"rows": [1, 2]}
+    circular["rows"].append(circular)
+    with pytest.raises(ValueError, match="[Cc]ircular"):
+        common.write_json({"tables": circular}, str(path))
+    assert json.loads(path.read_text()) == {"tables": {"a": 1.5}}
+    assert os.listdir(path.parent) == ["latest.json"]  # no temporary file left
+
+
 def test_cli_quick_input_writes_json(tiny, tmp_path):
     out = tmp_path / "out.json"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

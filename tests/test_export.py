@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_keras import export as export_lib
-from estimator_keras import inputs, manifest, records
+from estimator_keras import inputs, io, manifest, records
 from estimator_keras.records import encode_example
 from estimator_keras import checkpoints
 from estimator_keras.engines import base, optimizers
@@ -166,6 +166,22 @@ def test_export_is_atomic_and_replaces_previous(trained, tmp_path):
     assert open(os.path.join(target, "weights.h5"), "rb").read() == first
     leftovers = [n for n in os.listdir(tmp_path) if n != "export"]
     assert leftovers == [], leftovers
+
+
+def test_a_failed_remote_export_leaves_no_copy_behind(trained, monkeypatch):
+    """ram:// stands in for gs://: the copy beside the target goes when the
+    upload fails."""
+    parent = f"ram://failed-export-{os.getpid()}"
+    copy_tree = io.copy_tree
+
+    def copy_then_fail(src, dst):
+        copy_tree(src, dst)
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(io, "copy_tree", copy_then_fail)
+    with pytest.raises(OSError, match="connection reset"):
+        export_lib.export_model(_build, trained["model_dir"], export_dir=io.join(parent, "export"))
+    assert io.listdir(parent) == []
 
 
 def test_export_leaves_the_process_umask_alone(trained, tmp_path, monkeypatch):

@@ -103,6 +103,27 @@ def test_no_import_circles():
             visit(module, [module])
 
 
+def test_paths_are_joined_by_io_only():
+    """A path may be a gs:// URI: estimator_keras.io is the one module that
+    joins paths of both kinds."""
+    found = [m for m, p in _modules() if m != "estimator_keras.io"
+             and "posixpath" in open(p, encoding="utf-8").read()]
+    assert not found, f"modules joining paths with posixpath instead of io.join: {found}"
+
+
+def test_each_helper_has_one_copy():
+    from estimator_keras import schema  # pylint: disable=import-outside-toplevel
+    from estimator_keras.distribute import launcher  # pylint: disable=import-outside-toplevel
+    from experiments import commands, prepare_cmd, tune  # pylint: disable=import-outside-toplevel
+
+    assert tune.signal_group is launcher.signal_group
+    assert prepare_cmd.data_dir is commands.data_dir
+    copies = [f"{module.__name__}.{name}" for module, name in (
+        (tune, "_signal_group"), (launcher, "_signal_group"), (prepare_cmd, "_data_dir"),
+        (prepare_cmd, "IMPORTERS"), (schema, "schema_from_json")) if hasattr(module, name)]
+    assert not copies, copies
+
+
 def test_no_module_is_too_long():
     long = {m: n for m, p in _modules()
             if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_LINES}

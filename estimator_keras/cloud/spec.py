@@ -324,7 +324,7 @@ class JobSpec:
     @property
     def model_dir(self) -> str:
         """``<job_dir>/model``: AIP_MODEL_DIR on Vertex, --model-dir of a TFJob."""
-        return self.job_dir.rstrip("/") + "/model"
+        return io.join(self.job_dir.rstrip("/"), "model")
 
     @property
     def image_engine(self) -> str:
@@ -344,12 +344,12 @@ class JobSpec:
         ``<job_dir>/config/<file name>`` for a local file (submit() uploads it)."""
         if not self.config or self.config.startswith("gs://"):
             return self.config
-        return "%s/config/%s" % (self.job_dir.rstrip("/"), io.basename(self.config))
+        return io.join(self.job_dir.rstrip("/"), "config", io.basename(self.config))
 
     @property
     def resolved_data_dir(self) -> str:
         """Where train reads records: ``data_dir`` or ``<job_dir>/data``."""
-        return (self.data_dir or self.job_dir.rstrip("/") + "/data").rstrip("/")
+        return (self.data_dir or io.join(self.job_dir.rstrip("/"), "data")).rstrip("/")
 
     def train_command_args(self, with_model_dir: bool = False,
                            upload_config: bool = True) -> List[str]:

@@ -219,10 +219,7 @@ def _kill_live_groups():
     with _LIVE_LOCK:
         groups = list(_LIVE_GROUPS)
     for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(pgid, signal.SIGKILL)
 
 
 atexit.register(_kill_live_groups)
@@ -285,9 +282,11 @@ def _pump(task, log_file, echo):
             pass
 
 
-def _signal_group(task, sig):
+def signal_group(pgid, sig):
+    """Sends ``sig`` to the process group ``pgid`` (a child started with
+    ``start_new_session``: its pid); a group that is gone is no error."""
     try:
-        os.killpg(task.proc.pid, sig)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -297,7 +296,7 @@ def _terminate(tasks, grace):
     for t in tasks:
         if t.proc.poll() is None:
             t.ended_by_launcher = True
-            _signal_group(t, signal.SIGTERM)
+            signal_group(t.proc.pid, signal.SIGTERM)
     end = time.monotonic() + grace
     while any(t.proc.poll() is None for t in tasks) and time.monotonic() < end:
         time.sleep(0.05)
@@ -319,7 +318,7 @@ def _stop(tasks, grace, preemption_grace=None):
     _terminate(started, grace)
     for t in started:
         # Also for leaders that exited: their children may still hold the group.
-        _signal_group(t, signal.SIGKILL)
+        signal_group(t.proc.pid, signal.SIGKILL)
     for t in started:
         try:
             t.proc.wait(timeout=10)

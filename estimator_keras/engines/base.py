@@ -21,10 +21,10 @@ Example::
 import abc
 import dataclasses
 import logging
-import posixpath
 import time
 import typing
 
+from estimator_keras import io
 from estimator_keras.errors import NumericalError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -81,9 +81,11 @@ class TrainingHooks:
             self._on_evaluation(checkpoint, metrics)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainingPlan:
-    """Everything an engine needs to train and evaluate one model."""
+    """Everything an engine needs to train and evaluate one model; frozen:
+    every field is set when it is built (``dataclasses.replace`` makes a
+    changed copy)."""
 
     model_dir: str
     """Checkpoints, summaries and (keras engine) the crash backup."""
@@ -136,10 +138,12 @@ class TrainingPlan:
     AIP_TENSORBOARD_LOG_DIR); None: ``model_dir``."""
 
     def __post_init__(self):
-        self.model_dir = str(self.model_dir)
         check_positive("max_steps", self.max_steps)
         check_positive("eval_every_steps", self.eval_every_steps)
-        self.max_steps, self.eval_every_steps = int(self.max_steps), int(self.eval_every_steps)
+        # Still part of construction: a frozen field takes object.__setattr__.
+        object.__setattr__(self, "model_dir", str(self.model_dir))
+        object.__setattr__(self, "max_steps", int(self.max_steps))
+        object.__setattr__(self, "eval_every_steps", int(self.eval_every_steps))
 
 
 @dataclasses.dataclass
@@ -229,7 +233,7 @@ def scratch_dir(model_dir, task_id):
     """Where a non-chief MultiWorkerMirrored worker writes the checkpoints it
     must write to stay in step with the chief, and nobody reads. TensorFlow's
     Estimator names it so; the keras engine follows."""
-    return posixpath.join(str(model_dir), f"tmp_worker_{task_id}")
+    return io.join(model_dir, f"tmp_worker_{task_id}")
 
 
 def progress_line(head, since, until, loss=None, batch_size=None, replicas=1):

@@ -408,7 +408,7 @@ def _wait_for_warm_start(model_dir, log):
     a checkpoint is there; tasks writing it at the same time break each
     other's save ("MergeV2Checkpoints ... No such file"). The chief writes it;
     the other tasks wait for it."""
-    keras_dir = f"{str(model_dir).rstrip('/')}/keras"
+    keras_dir = io.join(model_dir, "keras")
     deadline = time.monotonic() + CHIEF_WAIT_SECS
     waited = False
     while not tf.train.latest_checkpoint(keras_dir):

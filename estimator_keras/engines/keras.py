@@ -35,7 +35,6 @@ Example::
 import importlib.util
 import logging
 import math
-import posixpath
 import time
 
 import tensorflow as tf
@@ -237,7 +236,7 @@ class PreemptionCheckpoint(tf.keras.callbacks.Callback):
             # engine already has, and its counters start alike on every worker.
             self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
                 resolver, tf.train.Checkpoint(),
-                posixpath.join(model_dir, PREEMPTION_DIR, "ckpt"), termination_config=config)
+                io.join(model_dir, PREEMPTION_DIR, "ckpt"), termination_config=config)
 
     def _save(self, *args, **kwargs):
         del args, kwargs
@@ -299,7 +298,7 @@ def _fit(plan, build_compiled_model):
         manager = tf.train.CheckpointManager(checkpoint, write_dir,
                                              max_to_keep=plan.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_NAME)
-        backup = posixpath.join(plan.model_dir, BACKUP_DIR)
+        backup = io.join(plan.model_dir, BACKUP_DIR)
         backed_up = _backup_checkpoint(backup)
         if latest:
             checkpoints.check_compatible(model, latest)
@@ -384,7 +383,7 @@ def _fit(plan, build_compiled_model):
         # BackupAndRestore removes the chief's, the folder stays.
         io.rmtree(backup)
     if is_chief and alone:
-        io.rmtree(posixpath.join(plan.model_dir, PREEMPTION_DIR))
+        io.rmtree(io.join(plan.model_dir, PREEMPTION_DIR))
     if not is_chief:
         io.rmtree(write_dir)
         saved = None

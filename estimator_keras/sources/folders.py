@@ -148,7 +148,7 @@ class ImageFolderSource(ImageListSource):
                     f"class folder {io.join(root, name)} holds no images ({_KINDS})"
                     f"{'; it holds ' + preview(others, 5) if others else ''}. Remove "
                     f"it or add images.")
-            files.extend(f"{name}/{img}" for img in images)
+            files.extend(io.join(name, img) for img in images)
             labels.extend([label] * len(images))
         if ignored:
             logger.warning("ImageFolderSource %s: ignored %d files that are not "

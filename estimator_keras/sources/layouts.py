@@ -70,7 +70,7 @@ def _class_files(split_dir, class_names, rel_prefix):
         if not io.isdir(folder):
             continue
         for entry in io.listdir(folder):
-            rel = f"{name}/{entry}"
+            rel = io.join(name, entry)
             if entry.startswith("."):
                 continue
             if io.isdir(io.join(folder, entry)):
