@@ -75,3 +75,29 @@ def test_an_embedding_model_trains_in_a_cluster(tags, tmp_path, engine, ps, stra
     if engine == "estimator":
         # model_to_estimator keeps the initial weights there.
         assert not np.allclose(trained, _embedding(initial))
+
+
+@pytest.mark.skipif(not ESTIMATOR, reason="tf.estimator needs TensorFlow 2.15")
+def test_the_dense_sum_survives_model_to_estimators_optimizer_clone():
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
+
+    schedule = tf.keras.optimizers.schedules.CosineDecay(0.5, 100, alpha=0.1)
+    optimizer = est_lib.dense_sum_optimizer(tf.keras.optimizers.legacy.SGD(schedule, momentum=0.9))
+    # model_to_estimator rebuilds the optimizer from its class and config.
+    clone = type(optimizer).from_config(optimizer.get_config())
+    for opt in (optimizer, clone):
+        assert isinstance(opt, tf.keras.optimizers.legacy.SGD)
+        assert type(opt).__name__ == "SGD"
+        assert opt.get_config()["momentum"] == 0.9
+        assert float(opt.learning_rate(100)) == pytest.approx(0.05)
+        assert opt.gradient_aggregator is est_lib.sum_as_dense
+    assert est_lib.dense_sum_optimizer(optimizer) is optimizer
+
+    table = tf.Variable(tf.zeros([4, 2]))
+    sparse = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([1, 3, 1]), tf.constant([4, 2]))
+    ((summed, var), (none, _)) = est_lib.sum_as_dense([(sparse, table), (None, table)])
+    assert var is table and none is None
+    assert not isinstance(summed, tf.IndexedSlices)
+    np.testing.assert_array_equal(summed.numpy(), [[0, 0], [2, 2], [0, 0], [1, 1]])
