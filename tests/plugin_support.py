@@ -119,3 +119,98 @@ def run_cli(*args, cwd, env=None, timeout=120):
 def read_export(export_dir):
     with open(os.path.join(str(export_dir), "export.json"), encoding="utf-8") as f:
         return json.load(f)
+
+
+# A model with an Embedding (sparse gradients): tests/test_embeddings.py.
+EMBEDDING_MODULE = "ek_tags_plugin"
+EMBEDDING_EXPERIMENT = "ek_tags_embedding"
+EMBEDDING_DATASET = "ek_tags"
+DROPOUT_EXPERIMENT = "ek_tags_dropout"
+
+EMBEDDING_SOURCE = '''"""Tags: a float vector of noise and an int64 category; the label is the
+category's class, so only the category's embedding can learn it."""
+
+import numpy as np
+
+from experiments import (DataConfig, Experiment, ExperimentConfig, TrainConfig, register,
+                         register_dataset)
+
+CATEGORIES = 16
+
+
+def tags(source_dir=None, download_dir=None):
+    rng = np.random.default_rng(0)
+    classes = rng.permutation(np.arange(CATEGORIES) % 2)
+
+    def split(n):
+        category = rng.integers(0, CATEGORIES, n).astype(np.int64)
+        vector = rng.standard_normal((n, 3)).astype(np.float32)
+        return {"vector": vector, "category": category, "label": classes[category]}
+
+    return {"train": split(64), "test": split(64)}
+
+
+register_dataset("ek_tags", "a noise vector and an int64 category", tags,
+                 labels={"label": {"num_classes": 2, "class_names": ["no", "yes"]}})
+
+
+def embedding(hparams, data):
+    import tensorflow as tf
+
+    vector = tf.keras.Input(shape=(3,), name="vector")
+    category = tf.keras.Input(shape=(), dtype="int64", name="category")
+    embedded = tf.keras.layers.Embedding(CATEGORIES, hparams["dim"])(category)
+    x = tf.keras.layers.Concatenate()([vector, embedded])
+    outputs = tf.keras.layers.Dense(2, activation="softmax")(x)
+    return tf.keras.Model([vector, category], outputs)
+
+
+# Records in file order: in a cluster each task's epoch (one of the 2 train
+# files) is a full batch and a short one, and the tasks' short batches come at
+# the same steps. Sixteen categories in 2 dimensions: a random embedding does
+# not separate their classes, a trained one does.
+register(Experiment(
+    config=ExperimentConfig(
+        name="ek_tags_embedding", description="a category's embedding beside a vector",
+        data=DataConfig(dataset="ek_tags", features={"vector": "vector", "category": "category"},
+                        shuffle="none"),
+        train=TrainConfig(batch_size=24, max_steps=30, eval_every_steps=30,
+                          log_every_steps=10, learning_rate=0.05),
+        model={"dim": 2}),
+    build_model=embedding))
+
+
+def dropout(hparams, data):
+    import tensorflow as tf
+
+    vector = tf.keras.Input(shape=(3,), name="vector")
+    category = tf.keras.Input(shape=(), dtype="int64", name="category")
+    embedded = tf.keras.layers.Embedding(CATEGORIES, 4)(category)
+    x = tf.keras.layers.Concatenate()([vector, embedded])
+    x = tf.keras.layers.Dense(16, activation="relu")(x)
+    x = tf.keras.layers.Dropout(hparams["dropout"])(x)
+    outputs = tf.keras.layers.Dense(2, activation="softmax")(x)
+    return tf.keras.Model([vector, category], outputs)
+
+
+# Plain SGD: a step's update depends on the weights, the batch and the
+# dropout mask, not on the step number.
+register(Experiment(
+    config=ExperimentConfig(
+        name="ek_tags_dropout", description="dropout after the embedding",
+        data=DataConfig(dataset="ek_tags", features={"vector": "vector", "category": "category"},
+                        shuffle="none"),
+        train=TrainConfig(batch_size=24, max_steps=5, eval_every_steps=5, log_every_steps=5,
+                          optimizer="sgd", learning_rate=0.1),
+        model={"dropout": 0.5}),
+    build_model=dropout))
+'''
+
+
+def write_module(directory, source, module):
+    """The user's module file ``directory/module.py``, for ``--module``; returns its path."""
+    os.makedirs(str(directory), exist_ok=True)
+    path = os.path.join(str(directory), module + ".py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(source)
+    return path

@@ -16,6 +16,7 @@ Example::
         eval_every_steps=500)
 """
 
+import functools
 import logging
 import time
 
@@ -67,7 +68,9 @@ def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
       model_dir: where checkpoints and summaries go (ignored when ``config``
         carries one).
       config: a ``tf.estimator.RunConfig``; else one is made by
-        :func:`run_config` from ``run_config_kwargs``.
+        :func:`run_config` from ``run_config_kwargs``. Under its
+        MultiWorkerMirroredStrategy the optimizer is rebuilt to sum sparse
+        gradients (an Embedding's) as dense ones: see :func:`sums_sparse_as_dense`.
 
     Returns:
       A ``tf.estimator.Estimator`` writing object-based checkpoints, which
@@ -76,19 +79,75 @@ def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
     if keras_model.optimizer is None:
         raise UsageError("to_estimator needs a compiled model: call "
                          "model.compile(optimizer=..., loss=...) first.")
-    if not isinstance(keras_model.optimizer, tf.keras.optimizers.legacy.Optimizer):
-        replacement = optimizers.legacy_optimizer(keras_model.optimizer)
-        logger.info("tf.estimator needs a legacy Keras optimizer: compiling with "
-                    "legacy %s instead of %s", type(replacement).__name__,
-                    type(keras_model.optimizer).__name__)
-        keras_model.compile(optimizer=replacement, loss=keras_model.loss,
-                            metrics=_compiled_metrics(keras_model))
     if config is None:
         if model_dir is None:
             raise UsageError("to_estimator needs a model_dir or a RunConfig.")
         config = run_config(model_dir, **run_config_kwargs)
+    optimizer = keras_model.optimizer
+    if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+        optimizer = optimizers.legacy_optimizer(optimizer)
+        logger.info("tf.estimator needs a legacy Keras optimizer: compiling with "
+                    "legacy %s instead of %s", type(optimizer).__name__,
+                    type(keras_model.optimizer).__name__)
+    if sums_sparse_as_dense(config.train_distribute):
+        optimizer = dense_sum_optimizer(optimizer)
+    if optimizer is not keras_model.optimizer:
+        keras_model.compile(optimizer=optimizer, loss=keras_model.loss,
+                            metrics=_compiled_metrics(keras_model))
     return tf.keras.estimator.model_to_estimator(
         keras_model=keras_model, config=config, checkpoint_format="checkpoint")
+
+
+def sums_sparse_as_dense(strategy):
+    """Whether the replicas' sparse gradients must be summed as dense tensors.
+
+    An Embedding's gradient is a ``tf.IndexedSlices`` with one row per lookup,
+    so its length follows the batch (an epoch's last batch is smaller).
+    MultiWorkerMirroredStrategy sums IndexedSlices with collective all-gathers
+    padded to the longest worker's length, and in the Estimator's graph
+    (TensorFlow 2.15) a collective keeps the shape of its first run: the first
+    step at which every worker has a short batch fails with "Shape mismatch in
+    the collective instance". Dense gradients have one shape at every step.
+    The other strategies sum IndexedSlices without collectives (mirrored) or
+    apply them, sparse, on the parameter servers.
+    """
+    return isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy,
+                                 tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy))
+
+
+def sum_as_dense(grads_and_vars):
+    """A legacy Keras optimizer's ``gradient_aggregator``: the sum over the
+    replicas, as Keras' default, of every gradient made dense first."""
+    grads_and_vars = list(grads_and_vars)
+    grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars if g is not None]
+    summed = iter(tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+                  if grads else ())
+    return [(None if g is None else next(summed), v) for g, v in grads_and_vars]
+
+
+class _DenseSum:
+    """Makes a legacy Keras optimizer class sum gradients with
+    :func:`sum_as_dense`. A subclass rather than the constructor argument
+    alone: model_to_estimator rebuilds the optimizer from its class and
+    config, which would drop the argument."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("gradient_aggregator", sum_as_dense)
+        super().__init__(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_sum_class(cls):
+    # The same class name: saved optimizer configs stay loadable by plain Keras.
+    return type(cls.__name__, (_DenseSum, cls), {"__module__": __name__})
+
+
+def dense_sum_optimizer(optimizer):
+    """The legacy Keras ``optimizer``, rebuilt from its config to sum
+    sparse gradients as dense ones (see :func:`sums_sparse_as_dense`)."""
+    if isinstance(optimizer, _DenseSum):
+        return optimizer
+    return _dense_sum_class(type(optimizer)).from_config(optimizer.get_config())
 
 
 def _compiled_metrics(model):
