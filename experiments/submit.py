@@ -43,9 +43,16 @@ from estimator_keras.cloud import space as space_lib
 from estimator_keras.cloud import packaging, submission, tfjob
 from estimator_keras.cloud.spec import DEFAULT_MACHINE_TYPE, JobSpec
 from estimator_keras.errors import ConfigError, UsageError
-from experiments import catalog, config_files, hparams, registry
+from experiments import catalog, config_files, hparams, registry, train_flags
 
-STRATEGIES = ("auto", "none", "mirrored", "multi_worker_mirrored", "parameter_server")
+STRATEGIES = train_flags.STRATEGIES
+# train's flags that submit defines itself: the experiment, where the job
+# reads and writes (--job-dir, --data-dir as gs:// URIs) and --config, which
+# is uploaded. The others come from train_flags and reach the job as given.
+OWN_FLAGS = ("name", "model_dir", "data_dir", "config")
+# Those the JobSpec puts into the job's arguments (--engine also picks the image).
+SPEC_FLAGS = OWN_FLAGS + ("engine",)
+POSITIVE_FLAGS = ("max_steps", "batch_size", "eval_every")
 
 
 def _count(text: str) -> int:
@@ -85,7 +92,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "--target tfjob, write a Kubeflow TFJob manifest instead. Your own "
             "experiments: --package-dir builds and installs your package too, and "
             "the job imports the modules of --module (or EK_MODULES) by name; "
-            "--config FILE is uploaded to JOB_DIR/config and passed to train."),
+            "--config FILE is uploaded to JOB_DIR/config and passed to train. "
+            "Every other flag of `train` (and --verbose) is passed on to the job's "
+            "`train`; --job-dir stands for its --model-dir."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("Examples::", 1)[1])
     parser.add_argument("name", metavar="NAME",
@@ -108,20 +117,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--accelerator", metavar="TYPE:COUNT",
                         help="GPUs per chief/worker/evaluator, e.g. NVIDIA_TESLA_T4:1")
     parser.add_argument("--display-name", help="job name (default: NAME-UTC timestamp)")
-    parser.add_argument("--hparams", metavar="k=v,...", help="forwarded to train")
-    parser.add_argument("--max-steps", type=positive_int, metavar="N", help="forwarded to train")
-    parser.add_argument("--batch-size", type=positive_int, metavar="N", help="forwarded to train")
-    parser.add_argument("--eval-every", type=positive_int, metavar="N", help="forwarded to train")
-    parser.add_argument("--strategy", choices=STRATEGIES, help="forwarded to train")
-    parser.add_argument("--engine", choices=("auto", "estimator", "keras"),
-                        help="forwarded to train (default there: auto)")
-    parser.add_argument("--dataset", metavar="NAME_OR_DIR",
-                        help="forwarded to train: a dataset name under --data-dir, or a "
-                             "gs:// dataset folder")
     parser.add_argument("--config", metavar="FILE",
                         help="train's config file: uploaded to JOB_DIR/config/ and passed "
                              "as --config gs://... (a gs:// file is passed as it is; a "
                              "TFJob passes FILE as given: the image must hold it)")
+    # Refused with a pointer to --job-dir, rather than as an unknown flag.
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--package-dir", action="append", dest="package_dirs", default=[],
                         metavar="DIR",
                         help="your own package (a folder with setup.py or pyproject.toml) "
@@ -145,6 +146,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "tfjob runs it")
     parser.add_argument("--output", metavar="FILE",
                         help="write the TFJob YAML (tfjob) or the request JSON (vertex) here")
+    forwarded = train_flags.add_train_flags(
+        parser.add_argument_group("train's flags, passed to the job's `train`"),
+        exclude=OWN_FLAGS)
+    for action in forwarded:  # refused here, not by the job once it runs
+        if action.dest in POSITIVE_FLAGS:
+            action.type = positive_int
     tuning = parser.add_argument_group("hyperparameter tuning (Vertex AI)")
     tuning.add_argument("--tune", metavar="FILE",
                         help="search space YAML: create a HyperparameterTuningJob over it")
@@ -162,14 +169,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _train_args(args) -> List[str]:
-    out: List[str] = []
-    if args.hparams:
-        out += ["--hparams", args.hparams]
-    for flag, value in (("--max-steps", args.max_steps), ("--batch-size", args.batch_size),
-                        ("--eval-every", args.eval_every), ("--strategy", args.strategy),
-                        ("--dataset", getattr(args, "dataset", None))):
-        if value is not None:
-            out += [flag, str(value)]
+    """The job's ``train`` flags after those the JobSpec sets: every one of
+    train's flags given to submit, and --verbose."""
+    out = train_flags.trial_argv(args, exclude=SPEC_FLAGS)
+    if getattr(args, "verbose", False):
+        out.append("--verbose")
     return out
 
 
@@ -272,6 +276,12 @@ def _study(args, config) -> Optional[space_lib.Study]:
         return None
     if args.max_trials is None:
         raise UsageError("--tune needs --max-trials N: how many trials the study runs.")
+    trial_flags = [f for f, v in (("--tuning-trial", args.tuning_trial),
+                                  ("--hypertune-metric", args.hypertune_metric)) if v]
+    if trial_flags:
+        raise UsageError("--tune sets --tuning-trial and --hypertune-metric itself: every "
+                         "trial reports --metric (default accuracy). Drop %s and give the "
+                         "metric as --metric NAME." % " and ".join(trial_flags))
     space = space_lib.load_space(args.tune)
     if config is not None:
         fixed = hparams.parse_hparams(args.hparams)
@@ -308,6 +318,15 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
     unknown one); by default ``experiments.registry.get`` when that module exists.
     Errors propagate as package exceptions for the dispatcher to map.
     """
+    if getattr(args, "model_dir", None):
+        raise UsageError(
+            "--model-dir does not apply to submit: the job's model dir follows --job-dir "
+            "(on Vertex AI checkpoints go to JOB_DIR/checkpoints, event files to "
+            "JOB_DIR/logs and the export to JOB_DIR/model; a TFJob trains with "
+            "--model-dir JOB_DIR/model). Pass the folder as --job-dir gs://BUCKET/PATH.")
+    if args.preemption_grace <= 0:
+        raise UsageError("--preemption-grace must be a positive number of seconds; given "
+                         "%g." % args.preemption_grace)
     modules = [m for m, _ in catalog.requested_modules(getattr(args, "modules", None))]
     package_dirs = list(getattr(args, "package_dirs", None) or [])
     _check_package_dirs(args, package_dirs)
