@@ -8,9 +8,9 @@ Modules (import the one you need; this package imports none of them):
   :func:`local_gpu_count`, :func:`num_replicas`, :func:`global_batch_size`,
   ``STRATEGIES`` and ``CONCRETE_STRATEGIES``; TensorFlow is loaded only when a
   strategy object is built or GPUs are counted.
-- ``launcher``: TF-free. :func:`launch_local_cluster`, :class:`ClusterResult`,
-  :class:`ClusterError` and its subclasses, :func:`free_ports`,
-  :func:`describe_returncode`.
+- ``launcher``: TF-free. :func:`launch_local_cluster`, :func:`free_ports`.
+- ``outcomes``: TF-free. :class:`ClusterResult`, :class:`ClusterError` and its
+  subclasses, :func:`describe_returncode` (the launcher re-exports them).
 - ``netns``: standard library only. :func:`create` makes the private network
   namespace (loopback only) that the launcher's tasks share.
 
