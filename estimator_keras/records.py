@@ -20,6 +20,7 @@ Example::
 
 import dataclasses
 import datetime
+from concurrent import futures
 import logging
 import math
 import multiprocessing
@@ -244,11 +245,25 @@ def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed
         if num_workers > 1 and len(jobs) > 1:
             # spawn, not fork: a forked child of a process that already runs
             # TensorFlow's thread pools can deadlock.
+            # A process pool that dies raises (multiprocessing.Pool would
+            # replace its workers forever: a script without a __main__ guard
+            # then never finishes).
             ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(min(num_workers, len(jobs))) as pool:
-                for path, count, size in pool.imap(_write_shard_job, jobs):
-                    results.append((path, count, size))
-                    bar.update(count)
+            try:
+                with futures.ProcessPoolExecutor(min(num_workers, len(jobs)),
+                                                 mp_context=ctx) as pool:
+                    for path, count, size in pool.map(_write_shard_job, jobs):
+                        results.append((path, count, size))
+                        bar.update(count)
+            except futures.process.BrokenProcessPool as e:
+                io.rmtree(staging)
+                raise UsageError(
+                    f"write_dataset: a worker process (num_workers={num_workers}) died before "
+                    f"it wrote its shard of split {split!r}. Workers are started with spawn, "
+                    f"which imports the calling script again: a script that calls "
+                    f"write_dataset with num_workers > 1 must do so under "
+                    f"`if __name__ == \"__main__\":` (or pass num_workers=1). No manifest "
+                    f"was written to {output_dir}.") from e
         else:
             for job in jobs:
                 count = 0

@@ -574,3 +574,21 @@ def test_killed_rewrite_of_one_split_keeps_the_others(tmp_path):
     write_records(ShapesSource(30, image_size=16, seed=2), out, split="test", num_shards=1,
                   progress=False)
     assert list(load_manifest(out).splits) == ["train", "test"]
+
+
+def test_workers_of_a_script_without_a_main_guard_fail_instead_of_hanging(tmp_path):
+    # Spawned workers import the calling script again; without a __main__
+    # guard each would start writing anew. The write must fail, and say why.
+    script = tmp_path / "write_unguarded.py"
+    script.write_text(
+        "import numpy as np\n"
+        "from estimator_keras.records import write_records\n"
+        "write_records({'x': np.arange(40, dtype=np.int64)}, %r, num_shards=4,\n"
+        "              num_workers=2, progress=False)\n" % str(tmp_path / "out"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode != 0
+    assert 'if __name__ == "__main__":' in proc.stderr, proc.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "out" / MANIFEST_NAME)
