@@ -29,7 +29,8 @@ ITERATOR_OPS = frozenset({
 
 _ANNOTATION = re.compile(r"\[\[(?:\{\{node )?([^\[\]{}]+?)(?:\}\})?\]\]")
 _NOT_THE_MESSAGE = re.compile(
-    r"^(Graph execution error:|Detected at node |Node: '|<stack traces unavailable>|\[\[)")
+    r"^(Graph execution error:|Detected at node |Node: '|<stack traces unavailable>|\[\[|"
+    r"From /job:\S+:$)")
 # "Error in user-defined function passed to MapDataset:3 transformation with
 # iterator: Iterator::Root::...::ParallelMapV2: MESSAGE"
 _DATASET_FRAME = re.compile(

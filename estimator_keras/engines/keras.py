@@ -248,6 +248,11 @@ def _fit(plan, build_compiled_model):
     # building syncs the workers, so no task can have written a checkpoint
     # yet and every task sees the same answer.
     latest = tf.train.latest_checkpoint(plan.model_dir)
+    backup = posixpath.join(plan.model_dir, BACKUP_DIR)
+    backed_up = _backup_checkpoint(backup)
+    # A preempted run saved a later step than its last backup.
+    stale_backup = bool(backed_up and latest and (checkpoints.checkpoint_step(latest) or 0) > (
+        checkpoints.checkpoint_step(backed_up) or 0))
     with strategy.scope():
         model = build_compiled_model()
         if model.optimizer is None:
@@ -258,14 +263,11 @@ def _fit(plan, build_compiled_model):
         manager = tf.train.CheckpointManager(checkpoint, write_dir,
                                              max_to_keep=plan.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_NAME)
-        backup = posixpath.join(plan.model_dir, BACKUP_DIR)
-        backed_up = _backup_checkpoint(backup)
         if latest:
             checkpoints.check_compatible(model, latest)
-        if backed_up and latest and (checkpoints.checkpoint_step(latest) or 0) > (
-                checkpoints.checkpoint_step(backed_up) or 0):
-            # A preempted run saved a later step than its last backup.
-            io.rmtree(backup)
+        if stale_backup:
+            if is_chief:
+                io.rmtree(backup)
             backed_up = None
         if latest and not backed_up:
             # A finished, preempted (or Estimator-trained) run: continue from
@@ -280,6 +282,11 @@ def _fit(plan, build_compiled_model):
             hooks.log(f"restoring the interrupted run from {backed_up} "
                       f"(BackupAndRestore; the last checkpoint is {latest})")
     step = _step(model)
+    if stale_backup and plan.strategy is not None:
+        # No task's BackupAndRestore may look at the backup while the chief
+        # removes it: every task waits here for the others.
+        float(strategy.reduce(tf.distribute.ReduceOp.SUM,
+                              strategy.run(lambda: tf.constant(0.0)), axis=None))
 
     train_data = (plan.train_data(input_context=None) if plan.strategy is None else
                   strategy.distribute_datasets_from_function(
