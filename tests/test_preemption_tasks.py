@@ -49,7 +49,8 @@ def _logged(run, task="chief-0"):
     return [int(s) for s in re.findall(r"\] step (\d+)/", run.log(task))]
 
 
-# (engine, strategy, task signalled, GCE CPU, what is kept, the launcher's exit status)
+# (engine, strategy, task signalled, GCE CPU, what is kept, the launcher's exit
+# status or statuses)
 CASES = [
     pytest.param("keras", "multi_worker_mirrored", "chief-0", True, "current", PREEMPTED,
                  id="keras-mwms-chief-gce"),
@@ -59,8 +60,10 @@ CASES = [
                  marks=needs_estimator, id="estimator-ps-worker"),
     pytest.param("estimator", "parameter_server", "ps-0", False, "periodic", 1,
                  marks=needs_estimator, id="estimator-ps-ps"),
+    # The worker steps on until its grace ends; then the chief's next
+    # all-reduce fails (1), unless the launcher's SIGTERM reached it first (75).
     pytest.param("estimator", "multi_worker_mirrored", "worker-0", False, "periodic",
-                 PREEMPTED, marks=needs_estimator, id="estimator-mwms-worker"),
+                 (1, PREEMPTED), marks=needs_estimator, id="estimator-mwms-worker"),
 ]
 
 
@@ -90,7 +93,8 @@ def test_what_a_sigterm_to_one_task_keeps(fashion_data, tmp_path, engine, strate
             run.assert_nothing_left()
     saved, _ = _global_step(str(model_dir))
     chief = run.log("chief-0")
-    assert run.returncode == status, run.output()[-3000:]
+    assert run.returncode in (status if isinstance(status, tuple) else (status,)), \
+        run.output()[-3000:]
     if kept == "periodic":
         # Nothing saved the step in progress: a rerun starts from the last
         # periodic checkpoint (training may have gone on until the grace of
