@@ -53,6 +53,12 @@ class NumericalError(EstimatorKerasError):
     """Training produced a NaN or infinite loss."""
 
 
+class TensorFlowError(EstimatorKerasError):
+    """TensorFlow failed outside the input pipeline (the model, the optimizer,
+    a collective all-reduce, a checkpoint): not the data's fault. The message
+    names the op, the task in a cluster, and TensorFlow's own words."""
+
+
 class CloudError(EstimatorKerasError):
     """A cloud submission could not be prepared or sent."""
 

@@ -14,6 +14,7 @@ import sys
 import traceback
 import warnings
 
+from estimator_keras.engines import preemption
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
 from experiments import cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags, tune_cmd
 
@@ -160,6 +161,8 @@ def main(argv=None):
             return submit.run(args)
         if args.command == "tune":
             return tune_cmd.run(args)
+        if args.command == "train":
+            preemption.exit_on_preemption()  # see the Preempted branch below
         return COMMANDS[args.command](args)
     except UsageError as e:
         _fail(e, args.verbose)

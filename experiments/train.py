@@ -23,12 +23,12 @@ import time
 import tensorflow as tf
 
 from estimator_keras import checkpoints, engines, export as export_lib, io, manifest, summaries
-from estimator_keras import verify
+from estimator_keras import tf_errors, verify
 from estimator_keras.cloud import hypertune
 from estimator_keras.engines import base
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
-                                    ModelDirError)
+                                    ModelDirError, TensorFlowError)
 from estimator_keras.modeldir import ModelDirLock
 from experiments import context as context_lib
 from experiments import config_files, data_info, datasets
@@ -135,8 +135,9 @@ class Runner:
             ctx.preemption_grace, log=ctx.log, stop_at_once=ctx.info.is_evaluator)
         plan = self._plan(preemption=watch)
         ctx.engine.prepare(plan, is_chief)
-        with watch or contextlib.nullcontext(), _data_errors_explained(
-                ctx.dataset_path, ctx.train_fn, ctx.eval_fn):
+        with watch or contextlib.nullcontext(), _tensorflow_errors_explained(
+                ctx.dataset_path, ctx.train_fn, ctx.eval_fn,
+                ctx.info.task_name if ctx.info.is_distributed else None):
             return ctx.engine.train(plan)
 
     def _check_checkpoint(self):
@@ -315,21 +316,34 @@ def export(experiment, config, *, model_dir, data_dir=None, export_dir=None, for
 
 
 @contextlib.contextmanager
-def _data_errors_explained(dataset_path, train_fn, eval_fn):
-    """TensorFlow's data errors -> messages naming the files and the fix."""
+def _tensorflow_errors_explained(dataset_path, train_fn, eval_fn, task=None):
+    """TensorFlow's errors -> messages that say what failed. Only what the
+    input pipeline raised is the data's fault (see tf_errors); anything else
+    is reported as TensorFlow's: the op, the task, one line of its message."""
+    on_task = f" on task {task}" if task else ""
+    schema_error = (f"training stopped{on_task}: records in {dataset_path} do not match the "
+                    f"dataset's schema ({{}}). Check them with `python -m experiments inspect "
+                    f"{dataset_path} --verify`, or rerun with --skip-corrupt to drop the "
+                    f"batches that fail.")
     try:
         yield
-    except tf.errors.DataLossError as e:
-        raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e
-    except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as e:
-        # Records that frame correctly but do not parse to the schema (a
-        # record that is no tf.train.Example at all makes TensorFlow fail
-        # to decode its own message: UnicodeDecodeError).
-        raise DataError(
-            f"training stopped: records in {dataset_path} do not match the dataset's "
-            f"schema ({verify.short_tf_error(e)}). Check them with `python -m "
-            f"experiments inspect {dataset_path} --verify`, or rerun with "
-            f"--skip-corrupt to drop the batches that fail.") from e
+    except UnicodeDecodeError as e:
+        # A record that is no tf.train.Example at all makes TensorFlow fail
+        # to decode its own message, which quotes the record.
+        if not tf_errors.from_input_pipeline(e):
+            raise
+        raise DataError(schema_error.format(tf_errors.first_line(e))) from e
+    except tf.errors.OpError as e:
+        if not tf_errors.from_input_pipeline(e):
+            raise TensorFlowError(tf_errors.describe(e, task)) from e
+        if isinstance(e, tf.errors.DataLossError):
+            raise _name_corrupt_files(e, train_fn.files, eval_fn.files) from e
+        if isinstance(e, tf.errors.InvalidArgumentError):
+            # Records that frame correctly but do not parse to the schema.
+            raise DataError(schema_error.format(tf_errors.first_line(e))) from e
+        raise DataError(f"training stopped{on_task}: reading {dataset_path} failed in op "
+                        f"{tf_errors.failed_ops(e)[0]} ({type(e).__name__}): "
+                        f"{tf_errors.first_line(e)}") from e
 
 
 def _name_corrupt_files(error, *file_sets):

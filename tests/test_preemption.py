@@ -118,3 +118,58 @@ def test_two_fresh_runs_give_identical_weights(fashion_data, tmp_path):
     assert len(weights[0]) == 8
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b)
+
+
+# A library caller that catches Preempted and goes on: its handlers are back,
+# and nothing ends the process once the grace has passed.
+LIBRARY_CALLER = r'''
+import os, signal, sys, time
+from estimator_keras.engines import preemption
+from estimator_keras.errors import Preempted
+
+seen = []
+def mine(signum, frame):
+    seen.append(signum)
+
+def preempted_once():
+    with preemption.PreemptionWatch(grace=0.5) as watch:
+        os.kill(os.getpid(), signal.SIGTERM)
+        while not watch.requested:
+            time.sleep(0.01)
+        raise watch.stopped(7)
+
+signal.signal(signal.SIGTERM, mine)
+signal.signal(signal.SIGINT, mine)
+try:
+    preempted_once()
+except Preempted as e:
+    print("preempted at", e.step)
+print("sigterm restored", signal.getsignal(signal.SIGTERM) is mine)
+print("sigint restored", signal.getsignal(signal.SIGINT) is mine)
+time.sleep(1.5)  # three times the grace
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.1)
+print("handled", seen)
+
+# A program that exits on Preempted (the command line) keeps SIGTERM ignored.
+preemption.exit_on_preemption()
+try:
+    preempted_once()
+except Preempted:
+    print("exiting ignores sigterm", signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+    sys.stdout.flush()
+    os._exit(75)
+'''
+
+
+def test_after_preempted_the_callers_signal_handlers_are_back(tmp_path):
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    from support import ROOT, child_env  # pylint: disable=import-outside-toplevel
+
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_CALLER], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == PREEMPTED, (proc.stdout, proc.stderr)
+    assert proc.stdout.splitlines() == [
+        "preempted at 7", "sigterm restored True", "sigint restored True",
+        f"handled [{int(signal.SIGTERM)}]", "exiting ignores sigterm True"], proc.stderr

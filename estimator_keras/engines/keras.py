@@ -40,14 +40,12 @@ import time
 import tensorflow as tf
 
 from estimator_keras import checkpoints, engines, io, summaries
-from estimator_keras.engines import base, optimizers
+from estimator_keras.engines import base, optimizers, preemption
 from estimator_keras.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
 BACKUP_DIR = "backup"
-# TensorFlow's PreemptionCheckpointHandler keeps its workers' scratch here.
-PREEMPTION_DIR = "preemption"
 CHECKPOINT_NAME = "model.ckpt"
 # The two runs of the summaries, named as Keras' TensorBoard callback names them.
 SUMMARY_SUBDIRS = ("train", "validation")
@@ -216,43 +214,28 @@ class PreemptionCheckpoint(tf.keras.callbacks.Callback):
     """On SIGTERM or SIGINT (seen by the plan's PreemptionWatch): a checkpoint
     at the step just taken, then Preempted, before any evaluation runs.
 
-    Under MultiWorkerMirroredStrategy every worker must stop at the same step
-    or the others wait forever in their next all-reduce: TensorFlow's
-    PreemptionCheckpointHandler agrees on that step between the workers
-    (through the cluster's coordination service) and saves there.
+    Under MultiWorkerMirroredStrategy every worker stops after the same step,
+    whichever of them was signalled (see
+    :class:`~estimator_keras.engines.preemption.StopAgreement`).
     """
 
-    def __init__(self, watch, manager, is_chief, strategy, model_dir):
+    def __init__(self, watch, manager, is_chief, strategy):
         super().__init__()
         self.watch, self.manager, self.is_chief = watch, manager, is_chief
-        self.handler = None
+        self.agreement = preemption.StopAgreement(watch, strategy)
+        self.step = 0
         self._supports_tf_logs = True  # it reads no logs (see StepLimit)
-        resolver = getattr(strategy, "cluster_resolver", None)
-        if resolver is not None and resolver.cluster_spec().jobs:
-            config = tf.distribute.experimental.TerminationConfig(
-                termination_watcher_fn=watch, exit_fn=self._stop, grace_period=0,
-                save_fn=self._save)
-            # Its own (empty) directory: it must not restore anything, the
-            # engine already has, and its counters start alike on every worker.
-            self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
-                resolver, tf.train.Checkpoint(),
-                io.join(model_dir, PREEMPTION_DIR, "ckpt"), termination_config=config)
 
-    def _save(self, *args, **kwargs):
-        del args, kwargs
-        self.manager.save(checkpoint_number=_step(self.model))
-
-    def _stop(self):
-        if not self.is_chief:
-            io.rmtree(self.manager.directory)  # the scratch copy nobody reads
-        raise self.watch.stopped(_step(self.model), by_chief=not self.is_chief)
+    def on_train_begin(self, logs=None):
+        self.step = _step(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.handler is not None:
-            self.handler.save_checkpoint_if_preempted()
-        elif self.watch.requested:
-            self._save()
-            self._stop()
+        self.step += 1
+        if self.agreement.stop_after(self.step):
+            self.manager.save(checkpoint_number=self.step)
+            if not self.is_chief:
+                io.rmtree(self.manager.directory)  # the scratch copy nobody reads
+            raise self.watch.stopped(self.step, by_chief=not self.is_chief)
 
 
 def _task(strategy):
@@ -288,6 +271,11 @@ def _fit(plan, build_compiled_model):
     # building syncs the workers, so no task can have written a checkpoint
     # yet and every task sees the same answer.
     latest = tf.train.latest_checkpoint(plan.model_dir)
+    backup = io.join(plan.model_dir, BACKUP_DIR)
+    backed_up = _backup_checkpoint(backup)
+    # A preempted run saved a later step than its last backup.
+    stale_backup = bool(backed_up and latest and (checkpoints.checkpoint_step(latest) or 0) > (
+        checkpoints.checkpoint_step(backed_up) or 0))
     with strategy.scope():
         model = build_compiled_model()
         if model.optimizer is None:
@@ -298,14 +286,11 @@ def _fit(plan, build_compiled_model):
         manager = tf.train.CheckpointManager(checkpoint, write_dir,
                                              max_to_keep=plan.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_NAME)
-        backup = io.join(plan.model_dir, BACKUP_DIR)
-        backed_up = _backup_checkpoint(backup)
         if latest:
             checkpoints.check_compatible(model, latest)
-        if backed_up and latest and (checkpoints.checkpoint_step(latest) or 0) > (
-                checkpoints.checkpoint_step(backed_up) or 0):
-            # A preempted run saved a later step than its last backup.
-            io.rmtree(backup)
+        if stale_backup:
+            if is_chief:
+                io.rmtree(backup)
             backed_up = None
         if latest and not backed_up:
             # A finished, preempted (or Estimator-trained) run: continue from
@@ -320,6 +305,11 @@ def _fit(plan, build_compiled_model):
             hooks.log(f"restoring the interrupted run from {backed_up} "
                       f"(BackupAndRestore; the last checkpoint is {latest})")
     step = _step(model)
+    if stale_backup and plan.strategy is not None:
+        # No task's BackupAndRestore may look at the backup while the chief
+        # removes it: every task waits here for the others.
+        float(strategy.reduce(tf.distribute.ReduceOp.SUM,
+                              strategy.run(lambda: tf.constant(0.0)), axis=None))
 
     train_data = (plan.train_data(input_context=None) if plan.strategy is None else
                   strategy.distribute_datasets_from_function(
@@ -346,7 +336,7 @@ def _fit(plan, build_compiled_model):
                  StepLimit(plan.max_steps, meter, manager), saver]
     if plan.preemption is not None:
         callbacks.insert(2, PreemptionCheckpoint(plan.preemption, manager, is_chief,
-                                                 plan.strategy, plan.model_dir))
+                                                 plan.strategy))
     if importlib.util.find_spec("tensorboard") is not None:
         if is_chief:
             # Before the saver: an evaluation's numbers are in the summaries
@@ -382,8 +372,6 @@ def _fit(plan, build_compiled_model):
         # workers may still be writing their scratch backups inside it:
         # BackupAndRestore removes the chief's, the folder stays.
         io.rmtree(backup)
-    if is_chief and alone:
-        io.rmtree(io.join(plan.model_dir, PREEMPTION_DIR))
     if not is_chief:
         io.rmtree(write_dir)
         saved = None

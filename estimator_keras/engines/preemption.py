@@ -12,6 +12,17 @@ patience.
 A task that trains no steps of its own (a parameter server, the evaluator)
 stops at once on the signal: it holds nothing a checkpoint would keep.
 
+In a synchronous cluster (MultiWorkerMirroredStrategy) every worker must
+stop after the same step, or the others wait forever in their next
+all-reduce: :class:`StopAgreement` has the workers agree on it, whichever of
+them was signalled.
+
+When the ``with`` block ends, the signal handlers the process had before
+are back and the watchdog stands down: a library caller that catches
+Preempted goes on as before. A program that exits on Preempted (the
+command line) calls :func:`exit_on_preemption` first: then SIGTERM stays
+ignored on the way out.
+
 Example::
 
     with PreemptionWatch(grace=20) as watch:
@@ -27,6 +38,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from estimator_keras.errors import Preempted
 
@@ -34,6 +46,19 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_GRACE_SECS = 20.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# About how often the workers of a synchronous cluster compare notes.
+AGREE_EVERY_SECS = 1.0
+# Whether the process ends once Preempted is raised (see exit_on_preemption).
+_EXITING = {"on_preemption": False}
+
+
+def exit_on_preemption(exiting=True):
+    """Says that this process exits once Preempted is raised (the command
+    line does): after a preemption SIGTERM then stays ignored, so that a
+    second one (a launcher passing the first one on) cannot turn the exit
+    status 75 into a kill. Without it, a watch puts back the handlers the
+    process had."""
+    _EXITING["on_preemption"] = bool(exiting)
 
 
 class PreemptionWatch:
@@ -77,13 +102,17 @@ class PreemptionWatch:
         return self
 
     def __exit__(self, *exc):
+        exiting = self.requested and _EXITING["on_preemption"]
         for sig, handler in self._previous.items():
-            if sig == signal.SIGTERM and self.requested:
-                # Preempted and on the way out: a second SIGTERM (a launcher
-                # passing the first one on) must not turn the exit into a kill.
+            if sig == signal.SIGTERM and exiting:
+                # On the way out: a second SIGTERM must not turn the exit
+                # into a kill.
                 handler = signal.SIG_IGN
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+        if not exiting:
+            # The caller has control again: nothing may end the process now.
+            self.finish()
         return False
 
     def _handle(self, signum, frame):
@@ -135,3 +164,58 @@ class PreemptionWatch:
 
     def _signal_name(self):
         return signal.Signals(self.signum).name if self.signum else "a signal"
+
+
+class StopAgreement:
+    """Tells each worker of a synchronous cluster when to stop for a
+    preemption: after the same step on every worker, whichever was signalled.
+
+    Every so many steps (about :data:`AGREE_EVERY_SECS` of training) the
+    workers all-reduce whether they have seen a signal and how many steps
+    they propose until the next time. Both numbers come out of the
+    all-reduce the same on every worker, so every worker compares notes at
+    the same steps and all stop together. (TensorFlow's
+    PreemptionCheckpointHandler agrees through the coordination service
+    instead, but switches itself off on GCE CPU and TPU VMs, where Vertex AI
+    runs.) Outside a multi-worker cluster it is the watch's own flag, read
+    every step.
+
+    Args:
+      watch: the task's :class:`PreemptionWatch`.
+      strategy: the ``tf.distribute`` strategy training runs under, or None.
+      every_secs: about how often the workers compare notes.
+    """
+
+    MAX_STEPS_BETWEEN = 10000
+
+    def __init__(self, watch, strategy, every_secs=AGREE_EVERY_SECS):
+        self.watch, self.strategy, self.every_secs = watch, strategy, float(every_secs)
+        resolver = getattr(strategy, "cluster_resolver", None)
+        self.in_cluster = resolver is not None and bool(resolver.cluster_spec().jobs)
+        self._next = None
+        self._since = None
+
+    def stop_after(self, step):
+        """True when training must stop after ``step`` (a count that is the
+        same on every worker, e.g. the global step)."""
+        if not self.in_cluster:
+            return self.watch.requested
+        now = time.monotonic()
+        if self._next is None:
+            # The first step (with its tracing) says nothing of the pace.
+            self._next, self._since = step, (step, now)
+        if step < self._next:
+            return False
+        done, secs = step - self._since[0], now - self._since[1]
+        proposed = done / secs * self.every_secs if done and secs > 0 else 1.0
+        stop, between = self._all_reduce(1.0 if self.watch.requested else 0.0, proposed)
+        self._next = step + min(max(1, int(round(between))), self.MAX_STEPS_BETWEEN)
+        self._since = (step, time.monotonic())
+        return stop > 0
+
+    def _all_reduce(self, *values):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        mine = tf.constant(values, tf.float32)
+        reduced = self.strategy.reduce(tf.distribute.ReduceOp.MEAN,
+                                       self.strategy.run(lambda: mine), axis=None)
+        return [float(v) for v in reduced.numpy()]
