@@ -143,7 +143,10 @@ class PreemptionWatch:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(Preempted.exit_code)  # no clean-up may run past the grace period
+        # 75 promises a checkpoint of the current step; a training task that
+        # could not save one failed to stop in time.
+        saved = self.saved_step is not None or self.stop_at_once
+        os._exit(Preempted.exit_code if saved else 1)  # no clean-up past the grace period
 
     def finish(self):
         """The process is about to exit by itself: the watchdog may stand down."""
