@@ -6,6 +6,7 @@ launch has a small timeout and every test checks by PID that nothing survived.
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -389,6 +390,7 @@ with open(os.path.join(out, name + ".pid.tmp"), "w") as f:
     f.write(str(os.getpid()))
 os.rename(os.path.join(out, name + ".pid.tmp"), os.path.join(out, name + ".pid"))
 action = json.loads(sys.argv[1]).get(name, "exit:0")
+print("[%s] names itself" % name)  # as a task of a real cluster does
 for i in range(30):
     print("%s line %d" % (name, i))
 sys.stdout.flush()
@@ -484,6 +486,8 @@ def test_success_ends_ps_by_pid_and_logs_every_task(child, tmp_path, capsys):
         assert f"{name} line 0\n" in log and f"{name} line 29\n" in log
     echoed = capsys.readouterr().out
     assert "[worker-1] worker-1 line 7\n" in echoed and "[ps-0] ps-0 line 29\n" in echoed
+    # A line the task prefixed itself keeps one prefix.
+    assert "[worker-1] names itself\n" in echoed and "[worker-1] [worker-1]" not in echoed
 
     configs = {n: parse_tf_config((child.out / f"{n}.tfconfig").read_text()) for n in names}
     spec = configs["chief-0"].cluster
@@ -682,6 +686,20 @@ def test_cli_requires_workers_and_model_dir(capsys):
     args, extra = parse_cli(["cluster", "mnist_cnn", "--workers", "-1", "--model-dir", "d"])
     with pytest.raises(UsageError, match="--workers"):
         cluster_cmd.run(args, extra)
+
+
+def test_cli_says_once_that_the_cluster_finished(monkeypatch, child, tmp_path, capsys, caplog):
+    monkeypatch.setattr(cluster_cmd, "_train_argv",
+                        lambda args, extra: child({"chief-0": "exit:0", "worker-0": "exit:0"}))
+    args, extra = parse_cli(["cluster", "mnist_cnn", "--workers", "1", "--model-dir", "d",
+                             "--log-dir", str(tmp_path / "logs"), "--timeout", "20"])
+    with caplog.at_level(logging.INFO):
+        assert cluster_cmd.run(args, extra) == 0
+    captured = capsys.readouterr()
+    said = captured.out + captured.err + caplog.text
+    assert said.count("Local cluster finished in") == 1, said
+    assert "\nLocal cluster finished in" in captured.out
+    assert_gone(pids_of(child.out))
 
 
 def test_cli_failure_prints_last_lines(monkeypatch, child, tmp_path, capsys):

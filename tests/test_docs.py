@@ -377,9 +377,33 @@ def _run(args, project, env, what):
     return proc.returncode, proc.stdout
 
 
-RUN_PAGES = [page for page, steps in STEPS.items()
-             if any(isinstance(s, Setup) or (s.lang in EXECUTED and s.marker is None)
-                    for s in steps)]
+def _is_checked(step):
+    return isinstance(step, Block) and bool(step.marker) and step.marker[0] == "checked"
+
+
+def _pages_to_run(steps_by_page):
+    """The pages with something to run or compare: a setup line, an unmarked
+    bash/python block, or a checked output (a transcript runs its own commands)."""
+    return [page for page, steps in steps_by_page.items()
+            if any(isinstance(s, Setup) or _is_checked(s)
+                   or (s.lang in EXECUTED and s.marker is None) for s in steps)]
+
+
+RUN_PAGES = _pages_to_run(STEPS)
+
+
+def test_every_checked_output_is_on_a_page_that_runs():
+    checked = [b for b in BLOCKS if _is_checked(b)]
+    assert checked, "no checked output in README.md or docs/"
+    assert not [_where(b) for b in checked if b.path not in RUN_PAGES]
+
+
+def test_a_page_whose_only_example_is_a_transcript_is_run(tmp_path):
+    page = tmp_path / "transcript-only.md"
+    page.write_text("# A page\n\n<!-- checked: transcript -->\n```text\n$ echo hi\nhi\n```\n",
+                    encoding="utf-8")
+    steps = _page_steps(str(page))
+    assert _pages_to_run({"transcript-only.md": steps}) == ["transcript-only.md"]
 
 
 @pytest.mark.slow
@@ -388,7 +412,7 @@ def test_the_pages_examples_run(page, tmp_path):
     if not os.path.isdir(FASHION):
         pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
     project, env = _project(tmp_path)
-    last = None
+    last, compared = None, []
     for k, step in enumerate(STEPS[page]):
         where = f"{step.path}:{step.line}"
         if isinstance(step, Setup):
@@ -409,12 +433,17 @@ def test_the_pages_examples_run(page, tmp_path):
             assert last is not None, f"{where}: no block ran before this output"
             assert _normalize(last, project) == _normalize(step.body, project), \
                 f"{where}: the output shown is not what the block above prints now:\n{last}"
+            compared.append(step)
         elif step.marker == ("checked", "transcript"):
             shown = re.split(r"^\$ (.*)\n", step.body, flags=re.M)
+            assert len(shown) > 1, f"{where}: a transcript without a `$ command` line"
             for command, expected in zip(shown[1::2], shown[2::2]):
                 _, out = _run(["bash", "-c", command], project, env, where)
                 assert _normalize(out, project) == _normalize(expected, project), \
                     f"{where}: `{command}` now prints:\n{out}"
+            compared.append(step)
+    # Every checked output of the page was compared with a run.
+    assert compared == [s for s in STEPS[page] if _is_checked(s)]
 
 
 # ---------------------------------------------------------------------------

@@ -150,9 +150,12 @@ class _Echo:
     def write(self, prefix, line):
         if not self.enabled:
             return
+        # A task of a cluster names itself in its own messages already.
+        tag = f"[{prefix}] "
+        text = line if line.startswith(tag) else tag + line
         with self.lock:
             try:
-                sys.stdout.write(f"[{prefix}] {line}\n")
+                sys.stdout.write(text + "\n")
                 sys.stdout.flush()
             except (OSError, ValueError):
                 # A closed or broken stdout must not stop the log file copy.
@@ -459,7 +462,6 @@ def launch_local_cluster(task_command, workers=1, ps=0, evaluator=False, log_dir
     if error is not None:
         error.result = result
         raise error
-    logger.info("Local cluster finished in %.1f s.", wall)
     return result
 
 
