@@ -441,7 +441,7 @@ def target(tid, description, value, threshold, op=">=", why=None, rounds=None):
             which = ", ".join(f"round {k}: {fmt_value(v) if v is not None else 'unmeasured'}"
                               for k, v in missed)
             head = (f"{len(missed)} of {len(rounds)} rounds miss ({which}), needs {op} "
-                    f"{fmt_value(threshold)}{off}; spread {format_spread(row['spread'])}")
+                    f"{fmt_value(threshold)}{off}")
         else:
             head = f"measured {fmt_value(value)}, needs {op} {fmt_value(threshold)}{off}"
         row["why"] = head + (f"; {why}" if why else "")
