@@ -70,10 +70,21 @@ RUNS = {
                                  "batch_scale": 2, "warmup": 0.05, "eval_fraction": 1 / 6,
                                  "description": "mixed_bfloat16, batch 256, learning rate "
                                  "x sqrt(2) with 5% warm-up and cosine decay, 3000 steps"},
+    "project_reshuffle": {"kind": "project", "hparams": {"cache_shuffle": "records"},
+                          "description": "as registered, with new batches every epoch from "
+                                         "the cache (cache_shuffle=records: records permuted "
+                                         "within runs of 64 batches) instead of the first "
+                                         "epoch's batches in a new order"},
     "project_record_shuffle": {"kind": "project",
                                "hparams": {"shuffle": "record", "shuffle_buffer": 10000},
                                "description": "shuffle=record, shuffle_buffer=10000 (the "
-                                              "issue-3 check: within 0.3 points)"},
+                                              "issue-3 check: within 0.3 points); cached, so "
+                                              "new batches every epoch (cache_shuffle=auto)"},
+    "project_record_shuffle_first_epoch": {
+        "kind": "project", "hparams": {"shuffle": "record", "shuffle_buffer": 10000,
+                                       "cache_shuffle": "batches"},
+        "description": "shuffle=record, shuffle_buffer=10000, cache_shuffle=batches: records "
+                       "shuffled in the first epoch only, as before issue 21"},
     "project_no_cache": {"kind": "project", "hparams": {"cache": False},
                          "description": "cache=False (the library's default)"},
     "project_xla": {"kind": "project", "xla": True, "description": "XLA auto-clustering "
@@ -86,7 +97,7 @@ RUNS = {
                                     "2.16+), as keras_numpy"},
 }
 DEFAULT_RUNS = ("keras_numpy", "project_default", "project_fp32", "project_constant_lr",
-                "project_record_shuffle")
+                "project_reshuffle", "project_record_shuffle")
 REFERENCE = "keras_numpy"
 
 

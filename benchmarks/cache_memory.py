@@ -10,6 +10,8 @@ this one's.
 Example::
 
     python -m benchmarks.cache_memory DATA_DIR --epochs 10 --overrides '{"cache": true}'
+    # tf.data's own autotune RAM budget (half the memory) instead of the package's:
+    python -m benchmarks.cache_memory DATA_DIR --overrides '{"autotune_ram_mb": 12000}'
 """
 
 import argparse

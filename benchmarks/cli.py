@@ -8,11 +8,15 @@ Example::
 
 With more than one table, each table runs in its own child process (so one
 table's TensorFlow state, thread pools and memory cannot colour the next),
-and the parent merges their results. A table runs under the interpreter of
-the environment it needs: the keras table under TensorFlow 2.16+ with
-tf-keras (``--python-keras``, by default ``.venv-keras/bin/python`` of the
-checkout), the Estimator tables under TensorFlow 2.15 (``--python-estimator``,
-by default this interpreter when it has tf.estimator, else ``.venv/bin/python``).
+and the parent merges their results. The tables whose targets are ratios
+run ``--rounds`` times (3 by default, 1 with ``--quick``), each round a fresh
+process; a target is met only when every round meets it, and each target
+shows its spread over the rounds (:mod:`benchmarks.rounds`). A table runs
+under the interpreter of the environment it needs: the keras table under
+TensorFlow 2.16+ with tf-keras (``--python-keras``, by default
+``.venv-keras/bin/python`` of the checkout), the Estimator tables under
+TensorFlow 2.15 (``--python-estimator``, by default this interpreter when it
+has tf.estimator, else ``.venv/bin/python``).
 """
 
 import argparse
@@ -26,7 +30,7 @@ import tempfile
 import time
 from importlib import metadata
 
-from benchmarks import common, plots
+from benchmarks import accuracy_runs, common, plots, rounds
 from estimator_keras import engines
 from experiments import parsing
 
@@ -42,6 +46,11 @@ TABLES = {
     "cluster": ("benchmarks.cluster_table", "any"),
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
+# Tables run --rounds times: their targets are ratios of rates measured side by
+# side. Not the accuracy table (whole training runs, half an hour a round) nor
+# the cluster table (its ratios are information about one shared machine).
+ROUND_TABLES = ("input", "training", "inputbound", "keras")
+DEFAULT_ROUNDS = 3
 # Per-table bound on a child process, seconds (accuracy and shapes train for long).
 CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600}
 DEFAULT_CHILD_TIMEOUT = 3600
@@ -77,9 +86,13 @@ def build_parser():
     p.add_argument("--accuracy-steps", type=int, default=None,
                    help="training steps of the accuracy table (default: the experiment's, 6000)")
     p.add_argument("--accuracy-runs", default=None, metavar="A,B",
-                   help="the accuracy table's runs (default: "
-                        "keras_numpy,project_default,project_bf16,project_bf16_eval1000,"
-                        "project_record_shuffle; see benchmarks/accuracy_runs.py)")
+                   help=f"the accuracy table's runs (default: "
+                        f"{','.join(accuracy_runs.DEFAULT_RUNS)}; see "
+                        f"benchmarks/accuracy_runs.py)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"runs of each of {', '.join(ROUND_TABLES)}, each in a fresh process; "
+                        f"a target is met only when every round meets it (default "
+                        f"{DEFAULT_ROUNDS}; --quick 1)")
     p.add_argument("--python-estimator", default=None, metavar="PYTHON",
                    help="interpreter with TensorFlow 2.15 and tf.estimator")
     p.add_argument("--python-keras", default=None, metavar="PYTHON",
@@ -174,12 +187,23 @@ def _python_for(table, pythons):
     return sys.executable if kind == "any" else pythons[kind]
 
 
-def _run_child(args, table, workdir, pythons):
+def rounds_for(table, args):
+    """How many times ``table`` runs: --rounds (default 3, 1 with --quick)
+    for the ratio tables, once for the others and inside a child."""
+    if table not in ROUND_TABLES or args.in_process:
+        return 1
+    if args.rounds is not None:
+        return max(1, args.rounds)
+    return 1 if args.quick else DEFAULT_ROUNDS
+
+
+def _run_child(args, table, workdir, pythons, round_no=None):
     python = _python_for(table, pythons)
     if python is None:
         return {"table": table, "error": f"no interpreter for the {TABLES[table][1]} "
                                          f"environment: pass --python-{TABLES[table][1]}"}
-    json_path = os.path.join(workdir, f"table-{table}.json")
+    suffix = f"-round{round_no}" if round_no else ""
+    json_path = os.path.join(workdir, f"table-{table}{suffix}.json")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -217,21 +241,30 @@ def main(argv=None):
     out = {"meta": {"command": "python -m benchmarks " + " ".join(
                         argv if argv is not None else sys.argv[1:]),
                     "started": common.now_iso(), "settings": settings.to_json(),
+                    "rounds": {t: rounds_for(t, args) for t in tables},
                     "machine": common.machine_info()},
            "tables": {}}
     failed = False
     try:
         for table in tables:
             fits = TABLES[table][1] in ("any", here)
-            in_process = args.in_process or (len(tables) == 1 and fits)
+            count = rounds_for(table, args)
+            in_process = args.in_process or (len(tables) == 1 and fits and count == 1)
             if in_process:
                 result = run_table(table, settings, extra.get(table))
-            else:
+            elif count == 1:
                 result = _run_child(args, table, workdir, pythons)
+            else:
+                results = []
+                for k in range(1, count + 1):
+                    common.say(f"[{table}] round {k} of {count}")
+                    results.append(_run_child(args, table, workdir, pythons, round_no=k))
+                result = rounds.merge(results)
             out["tables"][table] = result
             failed = failed or "error" in result
-            # A child prints its own table on the shared stdout.
-            if in_process or "error" in result:
+            # A child prints its own table on the shared stdout; merged rounds
+            # are printed again, with each target's spread.
+            if in_process or "error" in result or count > 1:
                 print(common.format_table(result) if "rows" in result
                       else f"== {table}: {result.get('error')}", flush=True)
                 print(flush=True)

@@ -397,30 +397,62 @@ def rows_from(variants, measurements, reference=None, unit=""):
     return rows
 
 
-def target(tid, description, value, threshold, op=">=", why=None):
+def target(tid, description, value, threshold, op=">=", why=None, rounds=None):
     """A target row: ``value op threshold`` -> met (None when unmeasured).
+
+    With ``rounds`` (the value measured in each round of the table, each
+    round a fresh process), the value is their median, the row carries
+    ``rounds`` and ``spread`` (min, median, max), and the target is met only
+    when every round meets it: one swing of a baseline cannot carry it.
 
     A missed or unmeasured target carries ``why``: the numbers (measured
     value, the need, how far off), then ``why`` when given (the cause, or
-    what was measured beside it)."""
+    what was measured beside it), also kept alone as ``cause``."""
     checks = {">=": lambda v: v >= threshold, "<": lambda v: v < threshold,
               "<=": lambda v: v <= threshold}
     if op not in checks:
         raise ValueError(f"unknown target operator {op!r}")
+    measured = [v for v in rounds if v is not None and v == v] if rounds is not None else None
+    if measured:
+        value = median(measured)
     met = None
     if value is not None and value == value:
         met = bool(checks[op](value))
     row = {"id": tid, "description": description, "value": value,
            "threshold": threshold, "op": op, "met": met}
+    if why:
+        row["cause"] = why
+    missed = []
+    if rounds is not None:
+        row["rounds"] = list(rounds)
+        if measured:
+            row["spread"] = [min(measured), value, max(measured)]
+            missed = [(k, v) for k, v in enumerate(rounds, 1)
+                      if v is None or v != v or not checks[op](v)]
+            met = row["met"] = not missed
+        else:
+            met = row["met"] = None
     if met is None:
         row["why"] = "not measured" + (f": {why}" if why else "")
     elif not met:
         word = "short" if op == ">=" else "over"
-        off = (f" ({abs(value - threshold) / abs(threshold):.1%} {word})" if threshold
-               else "")
-        row["why"] = (f"measured {fmt_value(value)}, needs {op} {fmt_value(threshold)}{off}"
-                      + (f"; {why}" if why else ""))
+        worst = value if not missed else next((v for _, v in missed if v is not None), value)
+        off = (f" ({abs(worst - threshold) / abs(threshold):.1%} {word})" if threshold
+               and worst is not None and worst == worst else "")
+        if missed:
+            which = ", ".join(f"round {k}: {fmt_value(v) if v is not None else 'unmeasured'}"
+                              for k, v in missed)
+            head = (f"{len(missed)} of {len(rounds)} rounds miss ({which}), needs {op} "
+                    f"{fmt_value(threshold)}{off}")
+        else:
+            head = f"measured {fmt_value(value)}, needs {op} {fmt_value(threshold)}{off}"
+        row["why"] = head + (f"; {why}" if why else "")
     return row
+
+
+def format_spread(spread):
+    """"min / median / max" of a target's rounds, or "-"."""
+    return " / ".join(fmt_value(v) for v in spread) if spread else "-"
 
 
 def fmt_value(value):
@@ -569,7 +601,9 @@ def format_table(result):
         state = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
         value = "-" if t["value"] is None else (f"{t['value']:.3f}" if abs(t["value"]) < 100
                                                 else f"{t['value']:,.0f}")
-        lines.append(f"  target {t['id']}: {t['description']}: {value} "
+        rounds = (f" [{len(t['rounds'])} rounds, min / median / max "
+                  f"{format_spread(t.get('spread'))}]" if t.get("rounds") else "")
+        lines.append(f"  target {t['id']}: {t['description']}: {value}{rounds} "
                      f"(need {t['op']} {t['threshold']}) {state}"
                      + (f": {t['why']}" if t.get("why") else ""))
     for note in result.get("notes", []):

@@ -29,7 +29,11 @@ Pipelines compared (batch 128, 60k Fashion-MNIST records of ~830 bytes):
   defaults.
 
 Beside the rates, :mod:`benchmarks.cache_memory` measures the resident
-memory of a ``cache=True`` pipeline over 10 epochs in a fresh process.
+memory of pipelines over 10 epochs, each in a fresh process: cached and
+uncached, each with the package's bound on tf.data's autotuned buffers
+(``InputConfig.autotune_ram_mb``) and with TensorFlow's own budget (half
+the available memory, the unbounded "before"), and a cached pipeline that
+forms new batches every epoch (``cache_shuffle="records"``).
 """
 
 import time
@@ -57,6 +61,9 @@ KNOBS = [
     ("pkg shuffle_buffer=16", {"shuffle_buffer": 16}, "batch shuffle buffer of 16 batches"),
     ("pkg cache=True", {"cache": True}, "one epoch of uint8 batches in memory, "
      "reshuffled every epoch; timed after the first epoch"),
+    ("pkg cache=True,cache_shuffle=records", {"cache": True, "cache_shuffle": "records"},
+     "the same, forming new batches every epoch (records permuted within runs of 64 "
+     "batches); timed after the first epoch"),
     ("pkg cycle=2,block=128", {"cycle_length": 2, "block_length": 128}, "combination"),
 ]
 # make_dataset's structure rebuilt (custom_pipeline) for knobs InputConfig lacks.
@@ -380,6 +387,12 @@ def variants(path, settings, knobs=True):
                 name, lambda o=overrides: package_pipeline(path, b, **o), settings,
                 f"default with {', '.join(f'{k}={v}' for k, v in overrides.items())}"
                 f"{'; ' + why if why else ''}", group="knob"))
+        budget = dict(memory_variants())["no cache, TensorFlow's autotune budget"]
+        out.append(TFDataVariant(
+            "pkg autotune budget=TensorFlow's", lambda: package_pipeline(path, b, **budget),
+            settings, f"default with tf.data's own autotune RAM budget (half the available "
+            f"memory, {budget['autotune_ram_mb']:,.0f} MB) instead of the package's 16 "
+            f"batches: the bound's cost in speed", group="knob"))
         for name, kwargs, why in CUSTOM:
             out.append(TFDataVariant(
                 name, lambda k=kwargs: custom_pipeline(files, schema, b,
@@ -431,7 +444,7 @@ def run(settings, path=None, knobs=True):
                       if common.row_median(rows, EXPERIMENTS_DEFAULT) is None else None),
     ]
     memory = memory_rows(path, settings)
-    targets.append(memory_target(memory))
+    targets += memory_targets(memory)
     return {"table": TABLE, "title": TITLE, "unit": "examples/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "startup_ms"],
             "targets": targets, "dataset": path, "memory": memory,
@@ -454,7 +467,7 @@ def memory_rows(path, settings):
     resolved = common.dataset_info(path, "train")
     estimate = resolved.num_examples * inputs.example_bytes(resolved.schema, [IMAGE, LABEL])
     out = []
-    for name, overrides in (("cache=True", {"cache": True}), ("no cache", {})):
+    for name, overrides in memory_variants():
         try:
             result = cache_memory.measure(path, epochs, settings.batch_size, overrides)
         except Exception as e:  # pylint: disable=broad-except
@@ -465,9 +478,38 @@ def memory_rows(path, settings):
     return out
 
 
-def memory_target(memory):
-    cached = memory[0]
-    return common.target(
-        "input.cache_rss", f"cache=True: RSS growth from epoch 2 to epoch "
-        f"{cached.get('epochs', MEMORY_EPOCHS)} (fraction)", cached.get("growth"), 0.05, op="<",
-        why=cached.get("error") or f"RSS per epoch (MB): {cached.get('rss_mb')}")
+def memory_variants():
+    """(name, InputConfig overrides) of the memory rows; the first is the
+    cache target's. "TensorFlow's budget" is tf.data's own default RAM
+    budget, half the available memory: the autotuned buffers unbounded."""
+    from estimator_keras import inputs  # pylint: disable=import-outside-toplevel
+
+    tensorflow_budget = {"autotune_ram_mb": max(1.0, inputs.available_memory_mb()[0] / 2)}
+    return [("cache=True", {"cache": True}),
+            ("cache=True, cache_shuffle=records", {"cache": True, "cache_shuffle": "records"}),
+            ("cache=True, TensorFlow's autotune budget", dict(tensorflow_budget, cache=True)),
+            ("no cache", {}),
+            ("no cache, TensorFlow's autotune budget", tensorflow_budget)]
+
+
+MEMORY_TARGETS = (("cache=True", "input.cache_rss", "cache=True"),
+                  ("cache=True, cache_shuffle=records", "input.reshuffle_rss",
+                   "cache=True, new batches every epoch (cache_shuffle=records)"),
+                  ("no cache", "input.nocache_rss", "no cache"))
+
+
+def memory_targets(memory):
+    """RSS growth targets (< 5% from epoch 2 to the last) of the bounded
+    pipelines; the TensorFlow-budget rows are the "before" beside them."""
+    by_name = {m.get("name"): m for m in memory}
+    targets = []
+    for name, tid, label in MEMORY_TARGETS:
+        row = by_name.get(name, {})
+        unbounded = by_name.get(f"{name}, TensorFlow's autotune budget", {})
+        beside = (f"; with TensorFlow's autotune budget: {common.fmt_value(unbounded['growth'])}"
+                  if unbounded.get("growth") is not None else "")
+        targets.append(common.target(
+            tid, f"{label}: RSS growth from epoch 2 to epoch "
+            f"{row.get('epochs', MEMORY_EPOCHS)} (fraction)", row.get("growth"), 0.05, op="<",
+            why=row.get("error") or f"RSS per epoch (MB): {row.get('rss_mb')}{beside}"))
+    return targets

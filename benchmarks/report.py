@@ -6,13 +6,16 @@ Example::
 
 Prints every target at a glance (met or not, and why), then each table:
 its rows, its targets, and the extra tables some carry (the input table's
-memory per epoch, the accuracy table's knobs).
+memory per epoch, the accuracy table's knobs). A table run in several rounds
+(:mod:`benchmarks.rounds`) shows each round's ratio beside the median, and
+each target's spread over the rounds (min / median / max); such a target is
+met only when every round meets it.
 """
 
 import json
 import sys
 
-from benchmarks.common import fmt, fmt_value
+from benchmarks.common import fmt, fmt_value, format_spread
 
 RATIO_COLUMNS = ("ratio", "ratio_best")
 STATE = {True: "**met**", False: "**not met**", None: "n/a"}
@@ -21,6 +24,8 @@ STATE = {True: "**met**", False: "**not met**", None: "n/a"}
 def _cell(column, value):
     if column in RATIO_COLUMNS and isinstance(value, (int, float)):
         return f"{value:.2f}x"
+    if column == "ratio_rounds" and isinstance(value, list):
+        return ", ".join("-" if v is None else f"{v:.2f}x" for v in value)
     if isinstance(value, float) and abs(value) < 1:
         return f"{value:.4f}"
     return fmt(value) if isinstance(value, float) or value is None else str(value)
@@ -37,19 +42,30 @@ def rows_markdown(rows, columns, unit=""):
     return lines
 
 
-def targets_markdown(targets, table=None):
-    lines = ["| " + ("table | " if table else "") + "target | value | need | met | why |",
-             "| " + ("--- | " if table else "") + "--- | --- | --- | --- | --- |"]
+def targets_markdown(targets, table=None, spread=None):
+    """Target rows; with ``spread`` (default: when a target has rounds) a
+    column of min / median / max over the rounds."""
+    if spread is None:
+        spread = any(t.get("rounds") for t in targets)
+    lines = ["| " + ("table | " if table else "") + "target | value | "
+             + ("rounds: min / median / max | " if spread else "") + "need | met | why |",
+             "| " + ("--- | " if table else "") + "--- | --- | " + ("--- | " if spread else "")
+             + "--- | --- | --- |"]
     for t in targets:
+        rounds = (f"{format_spread(t.get('spread'))} ({len(t['rounds'])})"
+                  if t.get("rounds") else "-")
         lines.append("| " + (f"{table} | " if table else "") +
-                     f"{t['description']} | {fmt_value(t['value'])} | {t['op']} {t['threshold']} "
-                     f"| {STATE[t['met']]} | {t.get('why', '')} |")
+                     f"{t['description']} | {fmt_value(t['value'])} | "
+                     + (f"{rounds} | " if spread else "") +
+                     f"{t['op']} {t['threshold']} | {STATE[t['met']]} | {t.get('why', '')} |")
     return lines
 
 
 def table_markdown(result):
     """One table result as Markdown: the rows, the targets, the extras."""
-    columns = result.get("columns") or ["name", "median", "min", "max", "ratio"]
+    columns = list(result.get("columns") or ["name", "median", "min", "max", "ratio"])
+    if "ratio" in columns and any(r.get("ratio_rounds") for r in result.get("rows", [])):
+        columns.insert(columns.index("ratio") + 1, "ratio_rounds")
     lines = rows_markdown(result.get("rows", []), columns, result.get("unit", ""))
     if result.get("knobs"):
         lines += ["", "Knobs (examples/s; ratio to the first row of each group):", ""]
@@ -72,8 +88,10 @@ def table_markdown(result):
 def glance_markdown(results):
     """Every target of every table in one table."""
     lines = []
+    spread = any(t.get("rounds") for result in results["tables"].values()
+                 for t in result.get("targets", []))
     for name, result in results["tables"].items():
-        part = targets_markdown(result.get("targets", []), table=name)
+        part = targets_markdown(result.get("targets", []), table=name, spread=spread)
         lines += part if not lines else part[2:]
     return "\n".join(lines)
 

@@ -35,10 +35,17 @@ logger = logging.getLogger(__name__)
 
 SHUFFLE_MODES = ("batch", "record", "none")
 CACHE_MODES = (False, True, "auto")
+CACHE_SHUFFLES = ("auto", "batches", "records")
 # cache="auto" without cache_budget_mb: this share of the available memory.
 AUTO_CACHE_SHARE = 0.25
 # Where no operating-system figure is readable.
 FALLBACK_AVAILABLE_MB = 2048
+# tf.data's autotuned buffers (the final prefetch above all, which grows each
+# time training finds it empty and never shrinks) may hold this many served
+# batches, and at least AUTOTUNE_RAM_FLOOR_MB; TensorFlow's own budget is half
+# the machine's memory.
+AUTOTUNE_RAM_BATCHES = 16
+AUTOTUNE_RAM_FLOOR_MB = 16
 
 
 @dataclasses.dataclass
@@ -68,14 +75,30 @@ class InputConfig:
         batches in memory, in the records' own dtypes (uint8 images stay
         uint8; the float32 cast and ``scale`` come after the cache), and
         serves every later epoch from it; in training the cached batches are
-        shuffled over the whole epoch, a new order each epoch, so the first
-        batch comes once the first epoch is read. Memory grows during the
-        first epoch only. "auto" caches when that epoch's size in memory,
-        computed from the manifest, fits ``cache_budget_mb``, and logs the
-        decision with its reason. Each input pipeline caches only its own
-        share of the files.
+        shuffled over the whole epoch, a new order each epoch (see
+        ``cache_shuffle``), so the first batch comes once the first epoch is
+        read. Memory grows during the first epoch only. "auto" caches when
+        that epoch's size in memory, computed from the manifest, fits
+        ``cache_budget_mb``, and logs the decision with its reason. Each
+        input pipeline caches only its own share of the files.
       cache_budget_mb: the budget of cache="auto", in MB per pipeline; None:
         a quarter of the memory available when the pipeline is built.
+      cache_shuffle: what a cached training pipeline shuffles every epoch.
+        "batches": the cached batches in a new order; which records share a
+        batch stays as the first epoch formed them (the cheapest). "records":
+        new batches every epoch: the epoch's batches, in their new order, are
+        joined in runs of ``shuffle_buffer`` records (shuffle="record") or
+        ``shuffle_buffer`` batches (shuffle="batch"), their records permuted
+        and cut into batches again (memory copies of whole runs, no
+        per-record work). "auto" (default): "records" with shuffle="record",
+        "batches" otherwise. Uncached pipelines form new batches every epoch
+        whatever this says.
+      autotune_ram_mb: the RAM budget of tf.data's autotuning
+        (``tf.data.Options().autotune.ram_budget``) for the buffers it sizes
+        itself, the final prefetch above all; None (default): 16 served
+        batches, at least 16 MB. TensorFlow's own default, half the
+        machine's memory, lets the prefetch buffer grow every time training
+        catches up with it, epoch after epoch.
       skip_corrupt: drop records that fail to read (CRC mismatch, truncation)
         instead of failing; a batch holding a record that reads but does not
         parse to the schema is dropped whole (parsing is one op per batch).
@@ -92,6 +115,8 @@ class InputConfig:
     parallel_reads: bool = False
     cache: object = False
     cache_budget_mb: float = None
+    cache_shuffle: str = "auto"
+    autotune_ram_mb: float = None
     skip_corrupt: bool = False
     seed: int = None
 
@@ -112,6 +137,23 @@ class InputConfig:
             raise UsageError(f"cache_budget_mb must be a positive number of MB (or None "
                              f"for a quarter of the available memory); given "
                              f"{self.cache_budget_mb!r}.")
+        if self.cache_shuffle not in CACHE_SHUFFLES:
+            raise UsageError(f"cache_shuffle must be one of {', '.join(CACHE_SHUFFLES)}; "
+                             f"given {self.cache_shuffle!r}.")
+        if self.cache_shuffle == "records" and self.shuffle == "none":
+            raise UsageError("cache_shuffle=\"records\" shuffles records and shuffle=\"none\" "
+                             "asks for none: choose shuffle=\"batch\" or \"record\", or "
+                             "cache_shuffle=\"auto\".")
+        if self.autotune_ram_mb is not None and not float(self.autotune_ram_mb) > 0:
+            raise UsageError(f"autotune_ram_mb must be a positive number of MB (or None "
+                             f"for {AUTOTUNE_RAM_BATCHES} batches); given "
+                             f"{self.autotune_ram_mb!r}.")
+
+    def reforms_batches(self):
+        """Whether a cached training pipeline forms new batches every epoch."""
+        if self.cache_shuffle == "auto":
+            return self.shuffle == "record"
+        return self.cache_shuffle == "records"
 
 
 def check_feature_keys(model, feature_keys):
@@ -385,6 +427,9 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
                                    num_shards)
     if config.cache == "auto":
         _log_once((tuple(files), num_shards, index, cache, config.cache_budget_mb), reason)
+    # Cached runs of batches get their records permuted after the cache; a
+    # record shuffle before it would only colour the first epoch.
+    reform = training and cache and config.shuffle != "none" and config.reforms_batches()
     if training and config.shuffle != "none":
         dataset = dataset.shuffle(len(files), seed=config.seed,
                                   reshuffle_each_iteration=True)
@@ -414,7 +459,7 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         dataset = dataset.flat_map(read)
     if config.skip_corrupt:
         dataset = dataset.apply(tf.data.experimental.ignore_errors(log_warning=True))
-    if training and config.shuffle == "record":
+    if training and config.shuffle == "record" and not reform:
         dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed,
                                   reshuffle_each_iteration=True)
     dataset = dataset.batch(int(batch_size), drop_remainder=False)
@@ -433,15 +478,74 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         # copies) over a whole epoch gives each epoch a new order.
         dataset = dataset.cache()
         if training and config.shuffle != "none":
-            dataset = dataset.shuffle(_epoch_batches(config, resolved, batch_size, num_shards),
-                                      seed=config.seed, reshuffle_each_iteration=True)
+            epoch = _epoch_batches(config, resolved, batch_size, num_shards)
+            dataset = dataset.shuffle(epoch, seed=config.seed, reshuffle_each_iteration=True)
+            if reform:
+                dataset = _reform_batches(dataset, int(batch_size),
+                                          _run_batches(config, batch_size, epoch), config.seed)
         dataset = dataset.map(cast_inputs_fn(config.scale, bool(config.label)),
                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
         # The repeat after the parallel map: an unordered map must not move a
         # batch across an epoch's boundary.
         if training:
             dataset = dataset.repeat(num_epochs)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(
+        autotune_options(config, resolved, mapping, batch_size))
+
+
+def served_example_bytes(schema, mapping, label=None, record_bytes=None):
+    """Bytes of one example as the pipeline serves it: numeric inputs as
+    float32, opaque ``bytes`` inputs as ``record_bytes`` (or 0), the label in
+    its own dtype."""
+    total = sum(int(record_bytes or 0) if schema[name].encoding == "bytes"
+                else 4 * schema[name].size for name in mapping.values())
+    if label:
+        total += example_bytes(schema, [label], record_bytes)
+    return total
+
+
+def autotune_options(config, resolved, mapping, batch_size):
+    """``tf.data.Options`` bounding the memory of autotuned buffers: the
+    config's ``autotune_ram_mb``, else AUTOTUNE_RAM_BATCHES served batches
+    (at least AUTOTUNE_RAM_FLOOR_MB)."""
+    if config.autotune_ram_mb is not None:
+        budget = float(config.autotune_ram_mb) * 2 ** 20
+    else:
+        batch = int(batch_size) * served_example_bytes(resolved.schema, mapping, config.label,
+                                                       _record_bytes(resolved))
+        budget = max(AUTOTUNE_RAM_FLOOR_MB * 2 ** 20, AUTOTUNE_RAM_BATCHES * batch)
+    options = tf.data.Options()
+    options.autotune.ram_budget = int(budget)
+    return options
+
+
+def _run_batches(config, batch_size, epoch_batches):
+    """Batches per run whose records cache_shuffle="records" permutes:
+    ``shuffle_buffer`` records (shuffle="record") or batches, at least 2, at
+    most an epoch."""
+    if config.shuffle == "record":
+        per_run = math.ceil(config.shuffle_buffer / int(batch_size))
+    else:
+        per_run = config.shuffle_buffer
+    return max(2, min(per_run, epoch_batches))
+
+
+def _reform_batches(dataset, batch_size, run_batches, seed):
+    """New batches out of cached ones: each run of ``run_batches`` batches is
+    joined, its records permuted, and cut into batches again; only the
+    epoch's last batch comes out short. The permutations come from a seeded
+    random dataset drawn anew every epoch, so a seeded pipeline repeats
+    itself run after run, and a resumed run (given a new seed) does not."""
+    runs = dataset.rebatch(batch_size * run_batches)
+    draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+
+    def permute(element, draw):
+        count = tf.shape(tf.nest.flatten(element)[0])[0]
+        keys = tf.random.stateless_uniform([count], seed=tf.stack([draw, draw // 2 + 1]))
+        order = tf.argsort(keys)
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
+
+    return tf.data.Dataset.zip((runs, draws)).map(permute).rebatch(batch_size)
 
 
 def _epoch_batches(config, resolved, batch_size, num_shards):

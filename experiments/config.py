@@ -41,6 +41,11 @@ class DataConfig:
     cache_budget_mb: typing.Optional[float] = None
     """Budget of cache="auto" in MB per input pipeline (None: a quarter of the
     memory available when training starts)."""
+    cache_shuffle: str = "auto"
+    """What a cached pipeline shuffles every epoch: "batches" (the first
+    epoch's batches in a new order: cheapest), "records" (new batches every
+    epoch, records permuted within runs of shuffle_buffer), or "auto"
+    ("records" with shuffle="record", else "batches")."""
 
 
 # TrainConfig.learning_rate_decay's values (estimator_keras.engines.optimizers

@@ -89,7 +89,8 @@ def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None):
     input_config = inputs.InputConfig(
         features=data.features, label=data.label, shuffle=data.shuffle,
         shuffle_buffer=data.shuffle_buffer, cache=data.cache,
-        cache_budget_mb=data.cache_budget_mb, skip_corrupt=skip_corrupt, seed=seed)
+        cache_budget_mb=data.cache_budget_mb, cache_shuffle=data.cache_shuffle,
+        skip_corrupt=skip_corrupt, seed=seed)
     shard = None
     if info is not None and info.has_ps and info.task_type in tf_config.TRAINING_TYPES:
         # Parameter-server workers get no InputContext: split the files

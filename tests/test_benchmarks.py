@@ -277,6 +277,15 @@ def test_accuracy_targets_from_runs():
     assert targets["accuracy.best_time_to_091"]["value"] == pytest.approx(0.6)
     assert targets["accuracy.default_vs_record_shuffle"]["value"] == pytest.approx(0.1)
     assert targets["accuracy.issue3_vs_keras_accuracy"]["met"] is True
+    assert "accuracy.reshuffle_cost" not in targets
+
+    reshuffle = dict(row("project_reshuffle", 93.0, 0.933), wall_s=262.0)
+    rows = [row("keras_numpy", 100.0, 0.926), dict(row("project_default", 95.0, 0.93),
+                                                    wall_s=250.0), reshuffle]
+    targets = {t["id"]: t for t in accuracy_table.run_targets(rows, 6000)}
+    cost, gain = targets["accuracy.reshuffle_cost"], targets["accuracy.reshuffle_gain"]
+    assert cost["value"] == pytest.approx(1.048) and cost["met"] is True
+    assert gain["value"] == pytest.approx(0.3) and gain["met"] is True
 
 
 def test_accuracy_run_plans_scale_batch_steps_and_evaluation():
@@ -488,6 +497,100 @@ def test_write_json_is_whole_or_not_at_all(tmp_path):
         common.write_json({"tables": circular}, str(path))
     assert json.loads(path.read_text()) == {"tables": {"a": 1.5}}
     assert os.listdir(path.parent) == ["latest.json"]  # no temporary file left
+
+
+def test_a_target_is_met_only_when_every_round_meets_it():
+    swung = common.target("k.mlp", "engine / baseline", None, 1.0, rounds=[1.05, 0.98, 1.1])
+    assert swung["met"] is False
+    assert swung["value"] == pytest.approx(1.05)
+    assert swung["spread"] == [0.98, 1.05, 1.1]
+    assert swung["why"].startswith("1 of 3 rounds miss (round 2: 0.98), needs >= 1 (2.0% short)")
+    steady = common.target("k.mlp", "engine / baseline", None, 1.0, rounds=[1.05, 1.01, 1.1])
+    assert steady["met"] is True and steady["value"] == pytest.approx(1.05)
+    # A round that measured nothing (its process failed) cannot count as met.
+    lost = common.target("k.mlp", "engine / baseline", None, 1.0, rounds=[1.05, None, 1.1])
+    assert lost["met"] is False and "round 2: unmeasured" in lost["why"]
+    assert common.target("k.mlp", "x", None, 1.0, rounds=[None, None])["met"] is None
+
+    # The spread is printed: in the text tables and in the report.
+    from benchmarks import report  # pylint: disable=import-outside-toplevel
+    text = common.format_table({"table": "keras", "rows": [], "targets": [swung, steady]})
+    assert "[3 rounds, min / median / max 0.98 / 1.05 / 1.1]" in text and "NOT MET" in text
+    lines = report.targets_markdown([swung, common.target("one", "single", 2.0, 1.0)])
+    assert lines[0] == "| target | value | rounds: min / median / max | need | met | why |"
+    assert lines[2].startswith("| engine / baseline | 1.05 | 0.98 / 1.05 / 1.1 (3) | >= 1.0 | "
+                               "**not met** | 1 of 3 rounds miss")
+    assert lines[3] == "| single | 2 | - | >= 1.0 | **met** |  |"
+
+
+def _round(ratio, samples, error=None):
+    result = {"table": "keras", "seconds": 10.0, "notes": ["n"],
+              "rows": [{"name": "engine", "median": 1.0, "samples": [1.0], "ratio": 1.0},
+                       {"name": "baseline", "median": samples[0], "samples": samples,
+                        "ratio": 1 / ratio}],
+              "targets": [common.target("keras.mlp", "engine / baseline", ratio, 1.0,
+                                        why="cause given by the table")]}
+    return {"table": "keras", "error": error} if error else result
+
+
+def test_rounds_merge_pools_windows_and_needs_every_round():
+    from benchmarks import report, rounds  # pylint: disable=import-outside-toplevel
+
+    merged = rounds.merge([_round(1.05, [2.0, 4.0]), _round(0.98, [3.0]),
+                           _round(1.1, [5.0])])
+    assert merged["rounds"] == 3 and merged["seconds"] == 30.0
+    baseline = merged["rows"][1]
+    assert baseline["samples"] == [2.0, 4.0, 3.0, 5.0]
+    assert (baseline["median"], baseline["min"], baseline["max"]) == (3.5, 2.0, 5.0)
+    assert baseline["ratio_rounds"] == pytest.approx([1 / 1.05, 1 / 0.98, 1 / 1.1])
+    assert baseline["ratio"] == pytest.approx(1 / 1.05)
+    (t,) = merged["targets"]
+    assert t["met"] is False and t["rounds"] == [1.05, 0.98, 1.1]
+    assert t["why"].endswith("; cause given by the table")
+    table = report.table_markdown(dict(merged, columns=["name", "median", "ratio"]))
+    assert "| name | median | ratio | ratio_rounds |" in table
+    assert "| baseline | 3.50 | 0.95x | 0.95x, 1.02x, 0.91x |" in table
+
+    lost = rounds.merge([_round(1.2, [1.0]), _round(1.2, [1.0], error="child exited")])
+    assert lost["targets"][0]["met"] is False
+    assert lost["round_errors"] == ["round 2: child exited"]
+
+
+def test_cli_runs_the_ratio_tables_in_rounds(monkeypatch, tmp_path):
+    from benchmarks import cli  # pylint: disable=import-outside-toplevel
+
+    calls = []
+    fake = iter([_round(1.05, [2.0]), _round(0.98, [2.0]), _round(1.1, [2.0])])
+
+    def run_child(args, table, workdir, pythons, round_no=None):
+        calls.append((table, round_no))
+        return next(fake)
+
+    monkeypatch.setattr(cli, "_run_child", run_child)
+    out = tmp_path / "r.json"
+    assert cli.main(["--tables", "keras", "--json", str(out), "--no-plots",
+                     "--workdir", str(tmp_path / "w")]) == 0
+    assert calls == [("keras", 1), ("keras", 2), ("keras", 3)]
+    result = json.loads(out.read_text())
+    assert result["meta"]["rounds"] == {"keras": 3}
+    assert result["tables"]["keras"]["targets"][0]["met"] is False
+    args = cli.build_parser().parse_args(["--quick"])
+    assert cli.rounds_for("keras", args) == 1 and cli.rounds_for("accuracy", args) == 1
+    args = cli.build_parser().parse_args(["--rounds", "2"])
+    assert cli.rounds_for("input", args) == 2 and cli.rounds_for("accuracy", args) == 1
+
+
+def test_memory_targets_put_the_bound_beside_tensorflows_budget():
+    memory = [{"name": "cache=True", "growth": 0.01, "rss_mb": [1.0], "epochs": 10},
+              {"name": "cache=True, TensorFlow's autotune budget", "growth": 0.048},
+              {"name": "no cache", "growth": 0.02, "rss_mb": [1.0], "epochs": 10},
+              {"name": "no cache, TensorFlow's autotune budget", "growth": 0.49}]
+    targets = {t["id"]: t for t in input_table.memory_targets(memory)}
+    assert targets["input.cache_rss"]["met"] and targets["input.nocache_rss"]["met"]
+    assert targets["input.reshuffle_rss"]["met"] is None
+    assert "TensorFlow's autotune budget: 0.49" in targets["input.nocache_rss"]["cause"]
+    names = [name for name, _ in input_table.memory_variants()]
+    assert names[0] == "cache=True" and "no cache, TensorFlow's autotune budget" in names
 
 
 def test_cli_quick_input_writes_json(tiny, tmp_path):

@@ -262,6 +262,66 @@ def test_cache_serves_each_example_once_per_epoch_in_new_orders(tiny_dataset, mo
                                    rtol=1e-6)
 
 
+def _batch_epochs(dataset, batches_per_epoch, epochs):
+    """Each epoch's batches as a list of frozensets of ids."""
+    batches = [frozenset(labels.numpy().tolist())
+               for _, labels in dataset.take(batches_per_epoch * epochs)]
+    return [batches[k:k + batches_per_epoch]
+            for k in range(0, len(batches), batches_per_epoch)]
+
+
+@pytest.mark.parametrize("shuffle,cache_shuffle", [("record", None), ("record", "records"),
+                                                   ("batch", "records")])
+def test_cached_epochs_draw_new_batches(tiny_dataset, shuffle, cache_shuffle):
+    # 62 examples in batches of 4: 15 full batches and a short one.
+    directory, _ = tiny_dataset(n=62, num_shards=2)
+    chosen = {"cache_shuffle": cache_shuffle} if cache_shuffle else {}
+    dataset = make_dataset(directory, 4, training=True, cache=True, shuffle=shuffle,
+                           features=["vec"], label="id", seed=3, **chosen)
+    epochs = _batch_epochs(dataset, 16, 4)
+    for epoch in epochs:
+        assert sorted(len(b) for b in epoch) == [2] + [4] * 15
+        assert sorted(i for b in epoch for i in b) == list(range(62))
+    for later in epochs[1:]:
+        # Batches that met again by chance: a few at most, not the epoch.
+        assert len(set(epochs[0]) & set(later)) <= 4, (epochs[0], later)
+
+
+def test_cached_batches_keep_their_records_by_default(tiny_dataset):
+    """shuffle="batch" (the default) with a cache: every epoch serves the
+    first epoch's batches in a new order, as InputConfig.cache_shuffle says."""
+    directory, _ = tiny_dataset(n=62, num_shards=2)
+    dataset = make_dataset(directory, 4, training=True, cache=True, features=["vec"],
+                           label="id", seed=3)
+    epochs = _batch_epochs(dataset, 16, 3)
+    assert all(set(epoch) == set(epochs[0]) for epoch in epochs)
+    assert epochs[0] != epochs[1]  # the same batches, in a new order
+    assert InputConfig().cache_shuffle == "auto" and not InputConfig().reforms_batches()
+    assert InputConfig(shuffle="record").reforms_batches()
+
+
+def test_cached_new_batches_repeat_with_their_seed(tiny_dataset):
+    """Seeded runs repeat themselves; another seed (what a resumed run gets,
+    engines.base.run_seed) draws other batches."""
+    directory, _ = tiny_dataset(n=40, num_shards=2)
+
+    def batches(seed):
+        dataset = make_dataset(directory, 4, training=True, cache=True, shuffle="record",
+                               features=["vec"], label="id", seed=seed)
+        return [labels.numpy().tolist() for _, labels in dataset.take(30)]
+
+    first = batches(5)
+    assert batches(5) == first
+    assert batches(6) != first
+
+
+def test_cache_shuffle_values_are_checked():
+    for bad in ({"cache_shuffle": "yes"}, {"cache_shuffle": "records", "shuffle": "none"},
+                {"autotune_ram_mb": 0}):
+        with pytest.raises(UsageError):
+            InputConfig(**bad)
+
+
 def test_cache_epochs_stay_whole_when_the_pipeline_is_unordered(tiny_dataset):
     # Without a seed the maps may reorder batches; none may cross from one
     # epoch into the next. A crossing showed in about 1 pipeline in 20.
@@ -432,3 +492,65 @@ def test_cache_memory_stays_flat_after_the_first_epoch(tmp_path):
     rss = json.loads(proc.stdout.strip().splitlines()[-1])
     growth = (rss[9] - rss[1]) / rss[1]
     assert growth < 0.05, rss
+
+
+# --------------------------------------------------------------------------- autotuned memory
+
+def test_pipelines_bound_autotuned_memory(tiny_dataset):
+    directory, _ = tiny_dataset(n=40, num_shards=2)
+    floor = 16 * 2 ** 20
+    for kwargs in ({"training": True}, {"training": True, "cache": True},
+                   {"training": True, "shuffle": "record", "cache": True},
+                   {"training": False, "split": "train"}):
+        dataset = make_dataset(directory, 4, features=["vec"], label="id", **kwargs)
+        assert dataset.options().autotune.ram_budget == floor, kwargs
+    # 16 batches as served: image 4x3x1 and vec 3 as float32, the int64 id.
+    big = make_dataset(directory, 20000, training=True, features=["image", "vec"], label="id")
+    assert big.options().autotune.ram_budget == 16 * 20000 * (12 * 4 + 3 * 4 + 8)
+    chosen = make_dataset(directory, 4, training=True, features=["vec"], label="id",
+                          autotune_ram_mb=3)
+    assert chosen.options().autotune.ram_budget == 3 * 2 ** 20
+    fn = make_input_fn(directory, 4, training=True, features=["vec"], label="id")
+    assert fn().options().autotune.ram_budget == floor
+
+
+BURST_CHILD = textwrap.dedent("""
+    import gc, json, sys, time
+    from estimator_keras.inputs import make_dataset
+
+    def rss_mb():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+
+    iterator = iter(make_dataset(sys.argv[1], 512, training=True, features=["image"],
+                                 label="label"))
+    next(iterator)
+    base, growth = rss_mb(), []
+    for burst in range(9):
+        # A pause fills the prefetch buffer, a burst of steps empties it: the
+        # pattern under which TensorFlow doubles the buffer, unbounded.
+        time.sleep(0.5)
+        for _ in range(2 ** (burst + 1)):
+            next(iterator)
+        gc.collect()
+        growth.append(rss_mb() - base)
+    print(json.dumps(growth))
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS (Linux)")
+def test_prefetch_buffer_stays_within_the_budget(tmp_path):
+    """An uncached pipeline whose consumer pauses and then catches up: the
+    budget (16 batches of 512 float32 28x28 images, 26 MB) bounds what the
+    prefetch buffer keeps; without it the buffer grew by 270 MB here."""
+    rng = np.random.default_rng(0)
+    arrays = {"image": rng.integers(0, 256, (10000, 28, 28, 1), dtype=np.uint8),
+              "label": rng.integers(0, 10, 10000).astype(np.int64)}
+    write_records(arrays, tmp_path / "ds", num_shards=4, progress=False)
+    proc = subprocess.run([sys.executable, "-c", BURST_CHILD, str(tmp_path / "ds")],
+                          env=child_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    growth = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert max(growth) < 64, growth

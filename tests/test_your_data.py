@@ -355,7 +355,8 @@ def test_show_resolves_defaults_config_hparams_flags(tmp_path):
     ("train:\n  max_step: 5\n", "max_step in section 'train'",
      "batch_size, early_stopping_steps, eval_every_steps, keep_checkpoint_max, "
      "learning_rate, learning_rate_decay, log_every_steps, max_steps, optimizer, precision, seed"),
-    ("data:\n  datset: x\n", "datset in section 'data'", "cache, cache_budget_mb, dataset"),
+    ("data:\n  datset: x\n", "datset in section 'data'",
+     "cache, cache_budget_mb, cache_shuffle, dataset"),
     ("model:\n  filter: 5\n", "'filter' in section 'model'",
      "blocks, dropout, filters, num_classes"),
     ("trian:\n  max_steps: 5\n", "section(s) trian", "data, train, model"),
