@@ -19,7 +19,6 @@ TensorFlow 2.15 (``--python-estimator``, by default this interpreter when it
 has tf.estimator, else ``.venv/bin/python``).
 """
 
-import argparse
 import importlib
 import json
 import os
