@@ -214,3 +214,14 @@ def write_module(directory, source, module):
     with open(path, "w", encoding="utf-8") as f:
         f.write(source)
     return path
+
+
+def prepare_embedding_data(root):
+    """The embedding plugin module written under ``root`` and a data dir
+    holding its dataset in 2 train files (one per training task)."""
+    module = write_module(root, EMBEDDING_SOURCE, EMBEDDING_MODULE)
+    data_dir = str(root / "data")
+    rc, _, err = run_cli("--module", module, "prepare", EMBEDDING_DATASET, "--data-dir", data_dir,
+                         "--shards", 2, cwd=root, timeout=180)
+    assert rc == 0, err[-3000:]
+    return module, data_dir

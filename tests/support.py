@@ -105,3 +105,18 @@ def flip_byte_in_record(path, index):
         f.seek(start + 12 + length // 2)
         f.write(bytes([byte[0] ^ 0xFF]))
     return start
+
+
+def sample_flag_value(action, known):
+    """A flag of ``action`` and argv values for it that differ from its
+    default: ``known`` maps flags to values that must be real (files, dirs)."""
+    flag = next(s for s in action.option_strings if s.startswith("--"))
+    if action.nargs == 0:
+        return flag, []
+    if flag in known:
+        return flag, [known[flag]]
+    if action.choices:
+        return flag, [[c for c in action.choices if c != action.default][-1]]
+    if action.type in (int, float):
+        return flag, [str(action.type(3))]
+    return flag, ["sample-%s" % action.dest]

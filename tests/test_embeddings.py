@@ -8,8 +8,7 @@ import re
 import pytest
 
 from estimator_keras import engines
-from plugin_support import (EMBEDDING_DATASET, EMBEDDING_EXPERIMENT, EMBEDDING_MODULE,
-                            EMBEDDING_SOURCE, run_cli, write_module)
+from plugin_support import EMBEDDING_EXPERIMENT, prepare_embedding_data, run_cli
 
 ESTIMATOR = engines.estimator_available()
 
@@ -30,13 +29,7 @@ CASES = [
 def tags(tmp_path_factory):
     """The user's module and a data dir holding its dataset, in 2 train files
     (one per training task)."""
-    root = tmp_path_factory.mktemp("tags")
-    module = write_module(root, EMBEDDING_SOURCE, EMBEDDING_MODULE)
-    data_dir = str(root / "data")
-    rc, _, err = run_cli("--module", module, "prepare", EMBEDDING_DATASET, "--data-dir", data_dir,
-                         "--shards", 2, cwd=root, timeout=180)
-    assert rc == 0, err[-3000:]
-    return module, data_dir
+    return prepare_embedding_data(tmp_path_factory.mktemp("tags"))
 
 
 def _embedding(checkpoint):

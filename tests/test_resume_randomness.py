@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from estimator_keras import engines
-from plugin_support import (DROPOUT_EXPERIMENT, EMBEDDING_DATASET, EMBEDDING_MODULE,
-                            EMBEDDING_SOURCE, run_cli, write_module)
+from plugin_support import DROPOUT_EXPERIMENT, prepare_embedding_data, run_cli
 
 pytestmark = pytest.mark.skipif(not engines.estimator_available(),
                                 reason="tf.estimator needs TensorFlow 2.15")
@@ -22,13 +21,7 @@ RESUMED_AT = 700
 
 @pytest.fixture(scope="module")
 def tags(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tags")
-    module = write_module(root, EMBEDDING_SOURCE, EMBEDDING_MODULE)
-    data_dir = str(root / "data")
-    rc, _, err = run_cli("--module", module, "prepare", EMBEDDING_DATASET, "--data-dir", data_dir,
-                         "--shards", 2, cwd=root, timeout=180)
-    assert rc == 0, err[-3000:]
-    return module, data_dir
+    return prepare_embedding_data(tmp_path_factory.mktemp("tags"))
 
 
 def _train(tags, model_dir, *flags):

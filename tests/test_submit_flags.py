@@ -6,6 +6,7 @@ import json
 import pytest
 
 from experiments import cli
+from support import sample_flag_value
 
 JOB_DIR = "gs://my-bucket/run1"
 VERTEX = ["--project", "my-project-123", "--region", "us-central1", "--job-dir", JOB_DIR,
@@ -23,19 +24,6 @@ def _subcommand_parser(command):
         if isinstance(action.choices, dict) and command in action.choices:
             return action.choices[command]
     raise AssertionError("no subcommand %r" % command)
-
-
-def _sample(action, known):
-    flag = next(s for s in action.option_strings if s.startswith("--"))
-    if action.nargs == 0:
-        return flag, []
-    if flag in known:
-        return flag, [known[flag]]
-    if action.choices:
-        return flag, [[c for c in action.choices if c != action.default][-1]]
-    if action.type in (int, float):
-        return flag, [str(action.type(3))]
-    return flag, ["sample-%s" % action.dest]
 
 
 def _train_args(argv):
@@ -65,7 +53,7 @@ def test_every_train_flag_is_accepted_by_submit_and_reaches_the_job(capsys, tmp_
     for action in _subcommand_parser("train")._actions:  # pylint: disable=protected-access
         if not action.option_strings or "--help" in action.option_strings:
             continue
-        flag, value = _sample(action, known)
+        flag, value = sample_flag_value(action, known)
         if flag == "--model-dir":  # --job-dir says where the job writes
             assert cli.main(["submit", "fashion_mnist_cnn", *VERTEX, flag, "gs://b/m",
                              "--dry-run"]) == 2

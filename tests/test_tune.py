@@ -23,7 +23,7 @@ from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError, Preempted, UsageError
 from experiments import submit as submit_cmd
 from experiments import tune, tune_cmd
-from support import ROOT, child_env
+from support import ROOT, child_env, sample_flag_value
 
 ISSUE_SPACE = """\
 learning_rate: {type: double, min: 0.0001, max: 0.01, scale: log}
@@ -595,19 +595,6 @@ def _sample_values(tmp_path, tiny_dataset):
             "--model-dir": str(tmp_path / "model"), "--hparams": "units=64"}
 
 
-def _sample(action, known):
-    flag = next(s for s in action.option_strings if s.startswith("--"))
-    if action.nargs == 0:
-        return flag, []
-    if flag in known:
-        return flag, [known[flag]]
-    if action.choices:
-        return flag, [[c for c in action.choices if c != action.default][-1]]
-    if action.type in (int, float):
-        return flag, [str(action.type(3))]
-    return flag, ["sample-%s" % action.dest]
-
-
 def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, tiny_dataset):
     from experiments import cli  # pylint: disable=import-outside-toplevel
     train_parser = _subcommand_parser(cli.build_parser(), "train")
@@ -620,7 +607,7 @@ def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, t
     for action in train_parser._actions:  # pylint: disable=protected-access
         if not action.option_strings or "--help" in action.option_strings:
             continue
-        flag, value = _sample(action, known)
+        flag, value = sample_flag_value(action, known)
         given = _dispatched(["train", "fashion_mnist_mlp", flag, *value])
         dest = "modules" if flag == "--module" else action.dest
         assert getattr(given, dest) != getattr(baseline, dest), (flag, "sample is the default")
