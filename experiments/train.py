@@ -132,7 +132,8 @@ class Runner:
         # signal. A parameter server waits inside TensorFlow, where no Python
         # handler runs: it keeps the signals' own effect.
         watch = None if ctx.info.task_type == "ps" else PreemptionWatch(
-            ctx.preemption_grace, log=ctx.log, stop_at_once=ctx.info.is_evaluator)
+            ctx.preemption_grace, log=ctx.log, stop_at_once=ctx.info.is_evaluator,
+            saves=is_chief)
         plan = self._plan(preemption=watch)
         ctx.engine.prepare(plan, is_chief)
         with watch or contextlib.nullcontext(), _tensorflow_errors_explained(

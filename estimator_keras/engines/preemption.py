@@ -70,11 +70,16 @@ class PreemptionWatch:
       stop_at_once: raise Preempted from the signal handler itself, for tasks
         that run no training steps.
       log: ``fn(str)`` for the lines it writes.
+      saves: whether this task writes the checkpoint (a single process, or
+        the chief of a cluster). Such a task that the watchdog ends before it
+        saved exits 1: status 75 promises the current step, and only the
+        task that writes it knows whether it was kept.
     """
 
-    def __init__(self, grace=DEFAULT_GRACE_SECS, stop_at_once=False, log=None):
+    def __init__(self, grace=DEFAULT_GRACE_SECS, stop_at_once=False, log=None, saves=True):
         self.grace = float(grace)
         self.stop_at_once = stop_at_once
+        self.saves = saves
         self.log = log or logger.warning
         self.signum = None
         self.saved_step = None
@@ -143,10 +148,8 @@ class PreemptionWatch:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        # 75 promises a checkpoint of the current step; a training task that
-        # could not save one failed to stop in time.
-        saved = self.saved_step is not None or self.stop_at_once
-        os._exit(Preempted.exit_code if saved else 1)  # no clean-up past the grace period
+        kept = self.saved_step is not None or self.stop_at_once or not self.saves
+        os._exit(Preempted.exit_code if kept else 1)  # no clean-up past the grace period
 
     def finish(self):
         """The process is about to exit by itself: the watchdog may stand down."""
