@@ -60,8 +60,8 @@ CASES = [
                  marks=needs_estimator, id="estimator-ps-worker"),
     pytest.param("estimator", "parameter_server", "ps-0", False, "periodic", 1,
                  marks=needs_estimator, id="estimator-ps-ps"),
-    # The worker steps on until its grace ends and exits 1 (it saved nothing);
-    # the chief's next all-reduce fails, or the launcher stops it: exit 1.
+    # The worker steps on until its grace ends (exit 75: the chief writes the
+    # checkpoints); the chief, stuck without it, saves nothing: exit 1.
     pytest.param("estimator", "multi_worker_mirrored", "worker-0", False, "periodic", 1,
                  marks=needs_estimator, id="estimator-mwms-worker"),
 ]
