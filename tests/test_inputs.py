@@ -455,8 +455,9 @@ def test_cache_hparams_parse():
             hparams.with_overrides(config, hparams.parse_hparams(text))
 
 
-MEMORY_CHILD = textwrap.dedent("""
-    import gc, json, sys
+# What both memory children start with: their imports and the process's RSS.
+RSS_CHILD_PRELUDE = textwrap.dedent("""
+    import gc, json, sys, time
     from estimator_keras.inputs import make_dataset
 
     def rss_mb():
@@ -464,7 +465,9 @@ MEMORY_CHILD = textwrap.dedent("""
             for line in f:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024.0
+""")
 
+MEMORY_CHILD = RSS_CHILD_PRELUDE + textwrap.dedent("""
     dataset = make_dataset(sys.argv[1], 64, training=True, cache=True, features=["image"],
                            label="label")
     per_epoch = 10000 // 64 + 1
@@ -478,18 +481,24 @@ MEMORY_CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS (Linux)")
-def test_cache_memory_stays_flat_after_the_first_epoch(tmp_path):
-    """10k 28x28 uint8 images: 7.5 MB an epoch, so a cache that kept growing
-    would add 60 MB (> 10% of a TensorFlow process) from epoch 2 to 10."""
+def _run_on_10k_images(child, tmp_path):
+    """Runs a memory child on 10k random 28x28 uint8 images in 4 shards;
+    returns the JSON it prints last."""
     rng = np.random.default_rng(0)
     arrays = {"image": rng.integers(0, 256, (10000, 28, 28, 1), dtype=np.uint8),
               "label": rng.integers(0, 10, 10000).astype(np.int64)}
     write_records(arrays, tmp_path / "ds", num_shards=4, progress=False)
-    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "ds")],
+    proc = subprocess.run([sys.executable, "-c", child, str(tmp_path / "ds")],
                           env=child_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rss = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS (Linux)")
+def test_cache_memory_stays_flat_after_the_first_epoch(tmp_path):
+    """10k 28x28 uint8 images: 7.5 MB an epoch, so a cache that kept growing
+    would add 60 MB (> 10% of a TensorFlow process) from epoch 2 to 10."""
+    rss = _run_on_10k_images(MEMORY_CHILD, tmp_path)
     growth = (rss[9] - rss[1]) / rss[1]
     assert growth < 0.05, rss
 
@@ -514,16 +523,7 @@ def test_pipelines_bound_autotuned_memory(tiny_dataset):
     assert fn().options().autotune.ram_budget == floor
 
 
-BURST_CHILD = textwrap.dedent("""
-    import gc, json, sys, time
-    from estimator_keras.inputs import make_dataset
-
-    def rss_mb():
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-
+BURST_CHILD = RSS_CHILD_PRELUDE + textwrap.dedent("""
     iterator = iter(make_dataset(sys.argv[1], 512, training=True, features=["image"],
                                  label="label"))
     next(iterator)
@@ -545,12 +545,5 @@ def test_prefetch_buffer_stays_within_the_budget(tmp_path):
     """An uncached pipeline whose consumer pauses and then catches up: the
     budget (16 batches of 512 float32 28x28 images, 26 MB) bounds what the
     prefetch buffer keeps; without it the buffer grew by 270 MB here."""
-    rng = np.random.default_rng(0)
-    arrays = {"image": rng.integers(0, 256, (10000, 28, 28, 1), dtype=np.uint8),
-              "label": rng.integers(0, 10, 10000).astype(np.int64)}
-    write_records(arrays, tmp_path / "ds", num_shards=4, progress=False)
-    proc = subprocess.run([sys.executable, "-c", BURST_CHILD, str(tmp_path / "ds")],
-                          env=child_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    growth = json.loads(proc.stdout.strip().splitlines()[-1])
+    growth = _run_on_10k_images(BURST_CHILD, tmp_path)
     assert max(growth) < 64, growth
