@@ -126,16 +126,7 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     checkpoints.load_checkpoint_into(model, checkpoint)
     step = checkpoints.checkpoint_step(checkpoint)
 
-    parent = io.parent(export_dir)
-    io.makedirs(parent)
-    prefix = _staging_prefix(export_dir)
-    remote = io.is_remote(export_dir)
-    # Built next to the destination when local (one rename swaps it in), else
-    # locally and copied: h5py cannot write to gs://.
-    if not remote:
-        remove_stale_staging(export_dir)
-    staging = io.new_dir(tempfile.gettempdir() if remote else parent, prefix)
-    try:
+    def write(staging):
         # The SavedModel first: saving it flat wants the folder to itself.
         tf.saved_model.save(model, staging if flat else io.join(staging, "saved_model"),
                             signatures=serving_functions(model, schema, features, class_names))
@@ -151,6 +142,26 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
             info["class_names"] = [str(n) for n in class_names]
         io.atomic_write(io.join(staging, EXPORT_INFO),
                         json.dumps(info, indent=2, default=str))
+
+    return write_staged(export_dir, write)
+
+
+def write_staged(export_dir, write):
+    """Calls ``write(folder)`` on a fresh staging folder and swaps the folder
+    in as ``export_dir``: an export that fails or is killed midway leaves the
+    previous one intact. Returns ``export_dir``."""
+    export_dir = str(export_dir).rstrip("/")
+    parent = io.parent(export_dir)
+    io.makedirs(parent)
+    prefix = _staging_prefix(export_dir)
+    remote = io.is_remote(export_dir)
+    # Built next to the destination when local (one rename swaps it in), else
+    # locally and copied: h5py cannot write to gs://.
+    if not remote:
+        remove_stale_staging(export_dir)
+    staging = io.new_dir(tempfile.gettempdir() if remote else parent, prefix)
+    try:
+        write(staging)
         if remote:
             remote_tmp = io.temporary_name(export_dir)
             try:
@@ -193,9 +204,11 @@ def recover_export(export_dir):
 
 def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
                    higher_is_better=True, *, schema=None, features=None, log=None,
-                   class_names=None):
+                   class_names=None, exporter=None):
     """Exports ``checkpoint`` to ``MODEL_DIR/best`` when its ``metric`` beats
     the one recorded there; returns the export dir, or None when not better.
+    ``exporter`` writes it (default :func:`export_model`; the keras3 engine
+    passes :func:`estimator_keras.keras3_export.export_model`).
 
     Runs the export on a fresh thread: the caller may be inside a finalized
     Estimator graph or a distribution strategy's scope, and neither may leak
@@ -212,7 +225,7 @@ def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
     if not better:
         return None
     _in_eager_thread(
-        export_model, model_builder, model_dir, checkpoint=checkpoint, schema=schema,
+        exporter or export_model, model_builder, model_dir, checkpoint=checkpoint, schema=schema,
         features=features, export_dir=target, class_names=class_names, metadata={
             "metrics": {k: float(v) for k, v in metrics.items()}, "best_metric": metric})
     (log or logger.info)(f"new best {metric} {value:.4f}: exported {target}")

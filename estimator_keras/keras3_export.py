@@ -1,0 +1,279 @@
+"""Exports of a Keras 3 model (the keras3 engine's), in the layout of
+:mod:`estimator_keras.export`:
+
+- ``model.keras``: Keras 3's own file; ``keras.saving.load_model(path)``
+  loads it in any Keras 3 process, on any backend, without this package;
+- ``weights.h5``: the weights in the legacy HDF5 layout (layer names in the
+  model's order, each layer's trainable then non-trainable weights), which
+  Keras 2 (``tf.keras`` 2.15, tf-keras 2.16+) loads with
+  ``model.load_weights`` into the same builder's model, as Keras 3 does;
+- ``saved_model/`` (or the export's root when ``flat``): the signatures
+  ``serving_default`` (raw inputs keyed by the model's input names;
+  ``probabilities`` and, with class names, ``class_name``) and
+  ``serve_examples`` (serialized tf.train.Example strings), in plain
+  TensorFlow ops;
+- ``export.json``: the checkpoint, step, inputs and metrics it came from.
+
+On the JAX backend the SavedModel is written by a child process on
+Keras 3's TensorFlow backend from the staged ``model.keras``: ``jax2tf``
+(what ``model.export`` uses there) serializes StableHLO that a TensorFlow
+older than the installed JAX cannot load once the batch size is dynamic
+(JAX 0.12 -> TensorFlow 2.21: "unregistered operation
+'vhlo.custom_call_v2'"), and TF Serving images lag further behind.
+
+Example::
+
+    write_export(model, "/tmp/run/export", step=300, schema=schema,
+                 features={"image": "image"}, class_names=names)
+    # elsewhere, Keras 3 without this package:
+    model = keras.saving.load_model("/tmp/run/export/model.keras")
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+import tensorflow as tf
+
+from estimator_keras import io
+from estimator_keras import export as export_lib
+from estimator_keras.errors import ModelDirError, TensorFlowError
+from estimator_keras.inputs import parse_examples_fn
+from estimator_keras.schema import FeatureSpec, feature_map, schema_to_json
+
+MODEL_FILE = "model.keras"
+WEIGHTS_FILE = "weights.h5"
+SAVED_MODEL_DIR = "saved_model"
+# HDF5 object headers hold at most 64 KiB of attributes: longer name lists
+# are split over numbered attributes, as Keras 2 reads them.
+_HDF5_ATTRIBUTE_BYTES = 64000
+SAVED_MODEL_TIMEOUT_SECS = 900
+
+
+def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, features=None,
+                 export_dir=None, metadata=None, class_names=None, flat=False):
+    """:func:`estimator_keras.export.export_model` for the keras3 engine:
+    restores a keras3 checkpoint (``ckpt-<step>.weights.h5``, default the
+    latest in ``model_dir``) into the builder's model and writes its export
+    (default ``MODEL_DIR/export``). Returns the export directory."""
+    # pylint: disable-next=import-outside-toplevel  (the keras3 engine's; imports Keras 3)
+    from estimator_keras.engines import keras3_checkpoints
+
+    model_dir = str(model_dir)
+    checkpoint = checkpoint or keras3_checkpoints.latest(model_dir)
+    if checkpoint is None:
+        raise ModelDirError(f"{model_dir} holds no keras3 checkpoint: train first "
+                            f"(`python -m experiments train ... --engine keras3 "
+                            f"--model-dir {model_dir}`).")
+    model = model_builder() if callable(model_builder) and not hasattr(
+        model_builder, "layers") else model_builder
+    keras3_checkpoints.restore(model, checkpoint)
+    return write_export(model, export_dir or io.join(model_dir, export_lib.EXPORT_DIR),
+                        step=keras3_checkpoints.step_of(checkpoint), checkpoint=checkpoint,
+                        schema=schema, features=features, metadata=metadata,
+                        class_names=class_names, flat=flat)
+
+
+def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, features=None,
+                 metadata=None, class_names=None, flat=False):
+    """Writes ``model.keras``, ``weights.h5``, the SavedModel and
+    ``export.json`` of a Keras 3 model with its weights in place, staged and
+    swapped in (see :func:`estimator_keras.export.write_staged`). Arguments
+    as :func:`estimator_keras.export.export_model`'s. Returns ``export_dir``."""
+    import keras  # pylint: disable=import-outside-toplevel  (Keras 3 only here)
+
+    def write(staging):
+        model_file = io.join(staging, MODEL_FILE)
+        model.save(model_file, include_optimizer=False)
+        save_legacy_weights(model, io.join(staging, WEIGHTS_FILE))
+        target = staging if flat else io.join(staging, SAVED_MODEL_DIR)
+        if keras.backend.backend() == "tensorflow":
+            write_saved_model(model, target, schema, features, class_names)
+        else:
+            _saved_model_on_tensorflow(model_file, target, schema, features, class_names,
+                                       _custom_modules(model))
+        info = {"checkpoint": checkpoint, "global_step": step,
+                "inputs": {t.name: {"shape": list(t.shape)[1:], "dtype": str(t.dtype)}
+                           for t in model.inputs},
+                "outputs": list(model.output_names), "features": features,
+                "keras": keras.__version__, "backend": keras.backend.backend(),
+                **(metadata or {})}
+        if class_names:
+            info["class_names"] = [str(n) for n in class_names]
+        io.atomic_write(io.join(staging, export_lib.EXPORT_INFO),
+                        json.dumps(info, indent=2, default=str))
+
+    return export_lib.write_staged(export_dir, write)
+
+
+# -- weights.h5 in the legacy layout
+
+
+def save_legacy_weights(model, path):
+    """Writes the model's weights to ``path`` in the HDF5 layout of Keras 2's
+    ``save_weights("x.h5")``: attribute ``layer_names`` (the model's layers in
+    order), a group per layer with attribute ``weight_names`` and one dataset
+    per weight, trainable weights first. Keras 2 and Keras 3 both load it by
+    position: the n-th layer with weights gets the n-th group's values."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    with io.atomic_file(path, "wb") as f, h5py.File(f, "w") as h5:
+        _set_name_list(h5, "layer_names", [layer.name for layer in model.layers])
+        h5.attrs["backend"] = keras.backend.backend().encode("utf8")
+        h5.attrs["keras_version"] = keras.__version__.encode("utf8")
+        for layer in model.layers:
+            group = h5.create_group(layer.name)
+            weights = list(layer.trainable_weights) + list(layer.non_trainable_weights)
+            # The path is unique in the model; a layer's own names may repeat
+            # (attention's four kernels).
+            names = [str(w.path) for w in weights]
+            _set_name_list(group, "weight_names", names)
+            for name, weight in zip(names, weights):
+                group.create_dataset(name, data=keras.ops.convert_to_numpy(weight))
+
+
+def _set_name_list(node, key, names):
+    encoded = np.array([n.encode("utf8") for n in names], dtype=bytes)
+    chunks = max(1, -(-encoded.nbytes // _HDF5_ATTRIBUTE_BYTES))
+    if chunks == 1:
+        node.attrs[key] = encoded
+        return
+    for i, part in enumerate(np.array_split(encoded, chunks)):
+        node.attrs[f"{key}{i}"] = part
+
+
+# -- the SavedModel
+
+
+def serving_functions(model, schema=None, features=None, class_names=None):
+    """The signatures of today's exports as tf.functions over a Keras 3
+    model on the TensorFlow backend: ``serving_default`` on raw inputs and,
+    with a schema, ``serve_examples`` on serialized Examples."""
+    specs = {t.name: tf.TensorSpec(shape=t.shape, dtype=tf.as_dtype(str(t.dtype)), name=t.name)
+             for t in model.inputs}
+    input_names = [t.name for t in model.inputs]
+    names = _class_names_for(model, class_names)
+
+    def outputs(inputs):
+        values = [inputs[n] for n in input_names]
+        result = model(values[0] if len(values) == 1 else values, training=False)
+        if not isinstance(result, (list, tuple)):
+            result = [result]
+        result = dict(zip(model.output_names, result))
+        if names is not None:
+            probabilities = result[model.output_names[0]]
+            result["class_name"] = tf.gather(names, tf.argmax(probabilities, axis=-1))
+        return result
+
+    @tf.function(input_signature=[specs], autograph=False)
+    def serve_raw(inputs):
+        return outputs(inputs)
+
+    signatures = {"serving_default": serve_raw}
+    if schema is not None:
+        mapping = feature_map(schema, features, label=None) if features is not None else {
+            n: n for n in input_names}
+        parse = parse_examples_fn(schema, mapping)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
+                     autograph=False)
+        def serve_examples(examples):
+            inputs = parse(examples)
+            return outputs({k: tf.cast(v, specs[k].dtype) for k, v in inputs.items()})
+
+        signatures["serve_examples"] = serve_examples
+    return signatures
+
+
+def _class_names_for(model, class_names):
+    """The names as a string tensor when the model is a classifier over
+    exactly those classes (one output of shape (batch, classes)), else None."""
+    if not class_names or len(model.outputs) != 1:
+        return None
+    shape = tuple(model.outputs[0].shape)
+    if len(shape) != 2 or shape[-1] != len(class_names):
+        return None
+    return tf.constant([str(n) for n in class_names])
+
+
+def write_saved_model(model, path, schema=None, features=None, class_names=None):
+    """Writes the SavedModel of :func:`serving_functions` with Keras 3's
+    ExportArchive (TensorFlow backend), which tracks the variables the
+    signatures use."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    for name, function in serving_functions(model, schema, features, class_names).items():
+        function.get_concrete_function()
+        archive.add_endpoint(name, function)
+    archive.write_out(path, verbose=False)
+
+
+def _custom_modules(model):
+    """Modules defining the model's layers outside Keras: the child that
+    loads ``model.keras`` imports them first so they are registered."""
+    modules = {type(layer).__module__ for layer in _all_layers(model)}
+    return sorted(m for m in modules if m.split(".")[0] not in ("keras", "tf_keras", "tensorflow"))
+
+
+def _all_layers(layer):
+    yield layer
+    for sub in getattr(layer, "layers", None) or ():
+        yield from _all_layers(sub)
+
+
+def _saved_model_on_tensorflow(model_file, target, schema, features, class_names, modules):
+    """Runs ``python -m estimator_keras.keras3_export`` on Keras 3's TensorFlow
+    backend to write the SavedModel of ``model_file``."""
+    spec = {"model": model_file, "target": target, "features": features,
+            "class_names": [str(n) for n in class_names] if class_names else None,
+            "schema": schema_to_json(schema) if schema is not None else None,
+            "modules": modules}
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_USE_LEGACY_KERAS="0")
+    # Where this process found the package and the model's own layers.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + [p for p in sys.path if p and os.path.isdir(p)])
+    try:
+        proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], env=env,
+                              capture_output=True, text=True, timeout=SAVED_MODEL_TIMEOUT_SECS)
+    except subprocess.TimeoutExpired as e:
+        raise TensorFlowError(
+            f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend did "
+            f"not finish within {SAVED_MODEL_TIMEOUT_SECS} s.") from e
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
+        raise TensorFlowError(
+            f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend (the "
+            f"{os.environ.get('KERAS_BACKEND')} backend's own export cannot be served by "
+            f"this TensorFlow) failed with exit status {proc.returncode}:\n{tail}")
+
+
+def _main(argv=None):
+    parser = argparse.ArgumentParser(description=(
+        "Writes the SavedModel of a model.keras on Keras 3's TensorFlow backend (run by "
+        "write_export for models trained on another backend)."))
+    parser.add_argument("spec", help="JSON: model, target, schema, features, class_names, "
+                                     "modules")
+    spec = json.loads(parser.parse_args(argv).spec)
+    import importlib  # pylint: disable=import-outside-toplevel
+    import keras  # pylint: disable=import-outside-toplevel
+
+    for module in spec.get("modules") or ():
+        importlib.import_module(module)
+    schema = spec.get("schema")
+    if schema is not None:
+        schema = {name: FeatureSpec.from_json(name, obj) for name, obj in schema.items()}
+    model = keras.saving.load_model(spec["model"], compile=False)
+    write_saved_model(model, spec["target"], schema, spec.get("features"),
+                      spec.get("class_names"))
+
+
+if __name__ == "__main__":
+    _main()
