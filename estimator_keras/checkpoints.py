@@ -9,6 +9,7 @@ into an *uncompiled* model with ``model.load_weights(prefix)``:
 ``tf.train.Checkpoint(model=m).restore`` silently restores wrong weights.
 """
 
+import json
 import os
 import tempfile
 
@@ -21,12 +22,18 @@ _STEP_KEYS = ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step",
               "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",
               "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
 _ESTIMATOR_STEP = _STEP_KEYS[0]
+# The keras3 engine's checkpoints (estimator_keras.engines.keras3_checkpoints):
+# ckpt-<step>.weights.h5 files and their index.
+KERAS3_INDEX = "keras3-checkpoints.json"
+KERAS3_SUFFIX = ".weights.h5"
 
 
 def latest_checkpoint(model_dir):
-    """The newest checkpoint prefix in ``model_dir``; ModelDirError if none."""
+    """The newest checkpoint prefix in ``model_dir``; ModelDirError if none
+    (saying so when the keras3 engine's checkpoints are there instead)."""
     ckpt = tf.train.latest_checkpoint(str(model_dir))
     if ckpt is None:
+        check_not_keras3(model_dir, "estimator or keras")
         raise ModelDirError(f"{model_dir} holds no checkpoint: train first "
                             f"(`python -m experiments train ... --model-dir {model_dir}`).")
     return ckpt
@@ -64,6 +71,40 @@ def check_estimator_can_restore(checkpoint):
             f"engines as {io.join(model_dir, 'export', 'weights.h5')}.")
 
 
+def keras3_checkpoint(model_dir):
+    """The keras3 engine's newest checkpoint (a Keras 3 weights file) in
+    ``model_dir``, or None; read from its file names, without Keras 3."""
+    model_dir = str(model_dir)
+    index = io.join(model_dir, KERAS3_INDEX)
+    if io.exists(index):
+        try:
+            latest = json.loads(io.read_text(index)).get("latest")
+        except (ValueError, AttributeError):
+            latest = None
+        if latest and io.exists(io.join(model_dir, latest)):
+            return io.join(model_dir, latest)
+    found = io.glob(io.join(model_dir, "ckpt-*" + KERAS3_SUFFIX)) if io.isdir(model_dir) else []
+    steps = {p: io.basename(p)[len("ckpt-"):-len(KERAS3_SUFFIX)] for p in found}
+    steps = {p: int(s) for p, s in steps.items() if s.isdigit()}
+    return max(steps, key=steps.get) if steps else None
+
+
+def check_not_keras3(model_dir, engine):
+    """Raises ModelDirError when the keras3 engine has checkpointed in
+    ``model_dir``: the Keras 2 engines cannot read Keras 3 weights files, and
+    resuming from an older TensorFlow checkpoint beside them would lose its
+    steps. The message says what to use instead."""
+    found = keras3_checkpoint(model_dir)
+    if found is None:
+        return
+    raise ModelDirError(
+        f"{model_dir} was trained by the keras3 engine (Keras 3): its checkpoint {found} is a "
+        f"Keras 3 weights file, which the {engine} engine (Keras 2) cannot restore. Continue "
+        f"this model dir with --engine keras3, or move the weights to a new --model-dir by "
+        f"hand: {io.join(model_dir, 'export', 'weights.h5')} (every keras3 export writes it) "
+        f"loads into the same builder's Keras 2 model with model.load_weights(path).")
+
+
 def _model_checkpoint_keys(model):
     """Checkpoint key -> shape for each weight, as object-based checkpoints
     name them (``layer_with_weights-N/kernel/...``)."""
@@ -95,20 +136,27 @@ def check_compatible(model, checkpoint):
     unexpected = sorted(k for k in have if k.startswith("layer") and k not in wanted
                         and "OPTIMIZER_SLOT" not in k and k.endswith("VARIABLE_VALUE"))
     if missing or mismatched or unexpected:
-        lines = [f"checkpoint {checkpoint} does not fit this model's architecture "
-                 f"(a model dir of another model?); refusing to restore it."]
-        if mismatched:
-            lines.append("shape mismatches: " + "; ".join(mismatched[:10])
-                         + (f" (and {len(mismatched) - 10} more)" if len(mismatched) > 10 else "")
-                         + ".")
-        for label, keys in (("missing from the checkpoint", missing),
-                            ("in the checkpoint but not in the model", unexpected)):
-            if keys:
-                lines.append(f"{label}: " + ", ".join(
-                    k.split("/.ATTRIBUTES")[0] for k in keys[:10])
-                    + (f" (and {len(keys) - 10} more)" if len(keys) > 10 else "") + ".")
-        lines.append("Use a fresh --model-dir for a different model.")
-        raise ModelDirError(" ".join(lines))
+        raise incompatible(checkpoint, mismatched, [k.split("/.ATTRIBUTES")[0] for k in missing],
+                           [k.split("/.ATTRIBUTES")[0] for k in unexpected])
+
+
+def incompatible(checkpoint, mismatched, missing, unexpected):
+    """The ModelDirError for a checkpoint that does not fit the model:
+    ``mismatched`` lines ("key: model (..), checkpoint (..)"), and the
+    weights ``missing`` from the checkpoint or ``unexpected`` in it."""
+    lines = [f"checkpoint {checkpoint} does not fit this model's architecture "
+             f"(a model dir of another model?); refusing to restore it."]
+    if mismatched:
+        lines.append("shape mismatches: " + "; ".join(mismatched[:10])
+                     + (f" (and {len(mismatched) - 10} more)" if len(mismatched) > 10 else "")
+                     + ".")
+    for label, keys in (("missing from the checkpoint", missing),
+                        ("in the checkpoint but not in the model", unexpected)):
+        if keys:
+            lines.append(f"{label}: " + ", ".join(keys[:10])
+                         + (f" (and {len(keys) - 10} more)" if len(keys) > 10 else "") + ".")
+    lines.append("Use a fresh --model-dir for a different model.")
+    return ModelDirError(" ".join(lines))
 
 
 def load_checkpoint_into(model, checkpoint):

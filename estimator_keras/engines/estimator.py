@@ -425,6 +425,7 @@ class EstimatorEngine(base.Engine):
             _wait_for_warm_start(plan.model_dir, plan.hooks.log)
 
     def train(self, plan):
+        checkpoints.check_not_keras3(plan.model_dir, self.name)
         # A summary dir of its own (Vertex AI's) gets the summaries as they are
         # written; the Estimator's eval summaries stay in the model dir too,
         # where early stopping reads them.

@@ -271,6 +271,7 @@ def _fit(plan, build_compiled_model):
     # building syncs the workers, so no task can have written a checkpoint
     # yet and every task sees the same answer.
     latest = tf.train.latest_checkpoint(plan.model_dir)
+    checkpoints.check_not_keras3(plan.model_dir, "keras")
     backup = io.join(plan.model_dir, BACKUP_DIR)
     backed_up = _backup_checkpoint(backup)
     # A preempted run saved a later step than its last backup.

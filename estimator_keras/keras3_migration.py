@@ -1,0 +1,116 @@
+"""Continuing an estimator or keras engine model dir on Keras 3.
+
+Both Keras 2 engines write object-based TensorFlow checkpoints whose weight
+keys follow the model's structure: ``layer_with_weights-N/<attribute>/...``
+for the N-th layer that has weights, nested the same way for a model used
+as a layer (see :mod:`estimator_keras.checkpoints`). Keras 3 cannot restore
+them itself (its variables are not TensorFlow trackables on JAX, and its
+checkpoints are ``.weights.h5`` files), so :func:`restore_tf_checkpoint`
+reads them with ``tf.train.load_checkpoint`` and assigns each value to the
+Keras 3 variable at the same place, on either backend: the N-th layer with
+weights, matched within the layer by weight name and shape.
+
+Only the weights move: the optimizer's slots (Adam's moments) are not
+carried over, the step is. The reverse, a Keras 2 engine on a keras3 model
+dir, is refused by :func:`estimator_keras.checkpoints.check_not_keras3`.
+
+Example::
+
+    model = build_model()                      # Keras 3
+    step = restore_tf_checkpoint(model, tf.train.latest_checkpoint(model_dir))
+    model.optimizer.iterations.assign(step)    # after compile
+"""
+
+import tensorflow as tf
+
+from estimator_keras import checkpoints
+from estimator_keras.errors import ModelDirError
+
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def restore_tf_checkpoint(model, checkpoint_path):
+    """Loads the weights of an estimator or keras engine checkpoint (a
+    prefix, or a model dir: its latest) into the Keras 3 ``model``; returns
+    the checkpoint's global step (0 when it records none).
+
+    Raises:
+      ModelDirError: the checkpoint is unreadable, or does not fit the model;
+        the message names every weight missing, extra, or of another shape,
+        with the model's layer, and nothing is assigned.
+    """
+    checkpoint_path = str(checkpoint_path)
+    if tf.io.gfile.isdir(checkpoint_path):
+        checkpoint_path = checkpoints.latest_checkpoint(checkpoint_path)
+    try:
+        reader = tf.train.load_checkpoint(checkpoint_path)
+    except (tf.errors.OpError, ValueError) as e:
+        raise ModelDirError(f"cannot read checkpoint {checkpoint_path}: {e}") from e
+    have = {k[:-len(_VALUE)]: tuple(shape)
+            for k, shape in reader.get_variable_to_shape_map().items()
+            if k.endswith(_VALUE) and "OPTIMIZER_SLOT" not in k}
+    matched, missing, mismatched = {}, [], []
+    for prefix, layer in _layers_with_weights(model):
+        _match_layer(prefix, layer, have, matched, missing, mismatched)
+    used = {key for key, _ in matched.values()}
+    # Layer weights the checkpoint holds and the model does not.
+    unexpected = sorted(k for k in have if k.startswith("layer_with_weights-") and k not in used)
+    if missing or mismatched or unexpected:
+        raise checkpoints.incompatible(checkpoint_path, mismatched, missing, unexpected)
+    for variable, (key, _) in matched.values():
+        variable.assign(reader.get_tensor(key + _VALUE).astype(_numpy_dtype(variable)))
+    return int(checkpoints.checkpoint_step(checkpoint_path) or 0)
+
+
+def _layers_with_weights(model, prefix=""):
+    """(checkpoint key prefix, layer) of each layer with weights, as Keras 2
+    numbers them: ``layer_with_weights-N`` over the model's layers in order;
+    a nested model's layers one level down."""
+    index = 0
+    for layer in model.layers:
+        if not layer.weights:
+            continue
+        yield f"{prefix}layer_with_weights-{index}", layer
+        index += 1
+
+
+def _match_layer(prefix, layer, have, matched, missing, mismatched):
+    """Pairs each weight of ``layer`` with its checkpoint key under
+    ``prefix``; records what does not fit."""
+    if hasattr(layer, "layers") and layer.layers:
+        for sub_prefix, sub in _layers_with_weights(layer, prefix + "/"):
+            _match_layer(sub_prefix, sub, have, matched, missing, mismatched)
+        return
+    keys = [k for k in have if k.startswith(prefix + "/")]
+    for variable in layer.weights:
+        where = f"{prefix}/{variable.name} (layer {layer.name!r})"
+        key = _key_for(variable, keys)
+        if key is None:
+            missing.append(where)
+            continue
+        keys.remove(key)
+        shape = tuple(variable.shape)
+        if have[key] != shape:
+            mismatched.append(f"{key} (layer {layer.name!r}): model {shape}, "
+                              f"checkpoint {have[key]}")
+            continue
+        matched[id(variable)] = (variable, (key, shape))
+
+
+def _key_for(variable, keys):
+    """The checkpoint key of a Keras 3 weight among its layer's keys: the one
+    ending in the weight's name (``kernel``, ``moving_mean``); when several
+    sublayers have a weight of that name (attention's kernels), the one
+    whose path names the same sublayer."""
+    named = [k for k in keys if k.rsplit("/", 1)[-1] == variable.name]
+    if len(named) <= 1:
+        return named[0] if named else None
+    parts = str(variable.path).split("/")
+    owner = parts[-2] if len(parts) > 1 else ""
+    owned = [k for k in named if owner and owner in k.rsplit("/", 2)[-2]]
+    return owned[0] if len(owned) == 1 else None
+
+
+def _numpy_dtype(variable):
+    dtype = variable.dtype
+    return getattr(dtype, "as_numpy_dtype", None) or str(dtype)
