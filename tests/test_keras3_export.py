@@ -137,7 +137,8 @@ _TRAIN_AND_EXPORT = textwrap.dedent("""
     for i, k in enumerate(labels):
         images[i, 2 * k + 4:2 * k + 7] += 180
     model = models.seed_cnn({"filters": 4, "dense_units": 16})
-    model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", ["accuracy"])
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
     data = tf.data.Dataset.from_tensor_slices((images.astype("float32"), labels)).batch(32)
     history = model.fit(data, epochs=3, verbose=0)
     schema = {"image": FeatureSpec("image", "uint8", (28, 28, 1), "raw"),
