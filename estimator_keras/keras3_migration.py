@@ -49,15 +49,15 @@ def restore_tf_checkpoint(model, checkpoint_path):
     have = {k[:-len(_VALUE)]: tuple(shape)
             for k, shape in reader.get_variable_to_shape_map().items()
             if k.endswith(_VALUE) and "OPTIMIZER_SLOT" not in k}
-    matched, missing, mismatched = {}, [], []
+    matched, missing, mismatched = [], [], []
     for prefix, layer in _layers_with_weights(model):
         _match_layer(prefix, layer, have, matched, missing, mismatched)
-    used = {key for key, _ in matched.values()}
+    used = {key for _, key in matched}
     # Layer weights the checkpoint holds and the model does not.
     unexpected = sorted(k for k in have if k.startswith("layer_with_weights-") and k not in used)
     if missing or mismatched or unexpected:
         raise checkpoints.incompatible(checkpoint_path, mismatched, missing, unexpected)
-    for variable, (key, _) in matched.values():
+    for variable, key in matched:
         variable.assign(reader.get_tensor(key + _VALUE).astype(_numpy_dtype(variable)))
     return int(checkpoints.checkpoint_step(checkpoint_path) or 0)
 
@@ -94,7 +94,7 @@ def _match_layer(prefix, layer, have, matched, missing, mismatched):
             mismatched.append(f"{key} (layer {layer.name!r}): model {shape}, "
                               f"checkpoint {have[key]}")
             continue
-        matched[id(variable)] = (variable, (key, shape))
+        matched.append((variable, key))
 
 
 def _key_for(variable, keys):
