@@ -35,10 +35,26 @@ def restore_tf_checkpoint(model, checkpoint_path):
     the checkpoint's global step (0 when it records none).
 
     Raises:
-      ModelDirError: the checkpoint is unreadable, or does not fit the model;
-        the message names every weight missing, extra, or of another shape,
-        with the model's layer, and nothing is assigned.
+      ModelDirError: the checkpoint is unreadable, or does not fit the model
+        (see :func:`check_tf_checkpoint`); nothing is assigned then.
     """
+    checkpoint_path, reader, matched = _plan(model, checkpoint_path)
+    for variable, key in matched:
+        variable.assign(reader.get_tensor(key + _VALUE).astype(_numpy_dtype(variable)))
+    return int(checkpoints.checkpoint_step(checkpoint_path) or 0)
+
+
+def check_tf_checkpoint(model, checkpoint_path):
+    """Raises ModelDirError unless the estimator or keras engine checkpoint
+    fits the Keras 3 ``model``, naming every weight missing, extra, or of
+    another shape with its checkpoint key and the model's layer; assigns
+    nothing (the check before any work; restoring checks again)."""
+    _plan(model, checkpoint_path)
+
+
+def _plan(model, checkpoint_path):
+    """(checkpoint prefix, its reader, [(variable, checkpoint key)]) for
+    every weight of ``model``; ModelDirError when they do not all fit."""
     checkpoint_path = str(checkpoint_path)
     if tf.io.gfile.isdir(checkpoint_path):
         checkpoint_path = checkpoints.latest_checkpoint(checkpoint_path)
@@ -57,9 +73,7 @@ def restore_tf_checkpoint(model, checkpoint_path):
     unexpected = sorted(k for k in have if k.startswith("layer_with_weights-") and k not in used)
     if missing or mismatched or unexpected:
         raise checkpoints.incompatible(checkpoint_path, mismatched, missing, unexpected)
-    for variable, key in matched:
-        variable.assign(reader.get_tensor(key + _VALUE).astype(_numpy_dtype(variable)))
-    return int(checkpoints.checkpoint_step(checkpoint_path) or 0)
+    return checkpoint_path, reader, matched
 
 
 def _layers_with_weights(model, prefix=""):

@@ -62,7 +62,8 @@ _TRAIN = textwrap.dedent(f"""
     # anything reads the Keras 3 file or trains.
     keras3_dir = os.path.join(out, "keras3-run")
     os.makedirs(keras3_dir)
-    open(os.path.join(keras3_dir, "ckpt-4.weights.h5"), "wb").close()
+    for step in (4, 12):
+        open(os.path.join(keras3_dir, f"ckpt-{{step}}.weights.h5"), "wb").close()
     refusals = []
     for attempt in (lambda: engine.train(plan(keras3_dir)),
                     lambda: checkpoints.latest_checkpoint(keras3_dir)):
@@ -79,7 +80,7 @@ _RESTORE = textwrap.dedent("""
     import numpy as np
     from experiments import models
     from estimator_keras.errors import ModelDirError
-    from estimator_keras.keras3_migration import restore_tf_checkpoint
+    from estimator_keras.keras3_migration import check_tf_checkpoint, restore_tf_checkpoint
 
     out = sys.argv[1]
     model = models.seed_cnn({"filters": 2, "dense_units": 8})
@@ -90,10 +91,11 @@ _RESTORE = textwrap.dedent("""
               "difference": float(np.abs(model.predict(images, verbose=0) - expected).max())}
     wider = models.seed_cnn({"filters": 2, "dense_units": 12})
     before = wider.get_weights()
-    try:
-        restore_tf_checkpoint(wider, os.path.join(out, "run"))
-    except ModelDirError as e:
-        result["refused"] = str(e)
+    for name, function in (("checked", check_tf_checkpoint), ("refused", restore_tf_checkpoint)):
+        try:
+            function(wider, os.path.join(out, "run"))
+        except ModelDirError as e:
+            result[name] = str(e)
     result["untouched"] = all(np.array_equal(a, b) for a, b in zip(before, wider.get_weights()))
     print(json.dumps(result))
 """)
@@ -132,6 +134,7 @@ def test_a_keras2_engine_checkpoint_continues_on_keras3(trained, writer, reader)
     assert ("layer_with_weights-3/kernel (layer 'probabilities'): model (12, 10), "
             "checkpoint (8, 10)") in refused, refused
     assert result["untouched"]
+    assert result["checked"] == refused  # the check before any work says the same
 
 
 @pytest.mark.parametrize("writer", ["estimator", "keras"])
@@ -140,7 +143,8 @@ def test_the_keras2_engines_refuse_a_keras3_model_dir(trained, writer):
     assert len(written["refusals"]) == 2, written
     for message in written["refusals"]:
         assert "was trained by the keras3 engine" in message
-        assert "ckpt-4.weights.h5" in message
+        assert "ckpt-12.weights.h5" in message  # the latest by step, not by name
         assert "--engine keras3" in message
         assert os.path.join("keras3-run", "export", "weights.h5") in message
-    assert written["keras3_dir"] == ["ckpt-4.weights.h5"]  # nothing written beside it
+    # Nothing written beside them.
+    assert written["keras3_dir"] == ["ckpt-12.weights.h5", "ckpt-4.weights.h5"]
