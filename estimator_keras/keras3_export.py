@@ -84,12 +84,15 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
     """Writes ``model.keras``, ``weights.h5``, the SavedModel and
     ``export.json`` of a Keras 3 model with its weights in place, staged and
     swapped in (see :func:`estimator_keras.export.write_staged`). Arguments
-    as :func:`estimator_keras.export.export_model`'s. Returns ``export_dir``."""
+    as :func:`estimator_keras.export.export_model`'s. Returns ``export_dir``.
+
+    Pass an uncompiled model (:func:`export_model` does): Keras 3 writes a
+    compiled model's optimizer state into ``model.keras`` too."""
     import keras  # pylint: disable=import-outside-toplevel  (Keras 3 only here)
 
     def write(staging):
         model_file = io.join(staging, MODEL_FILE)
-        model.save(model_file, include_optimizer=False)
+        model.save(model_file)
         save_legacy_weights(model, io.join(staging, WEIGHTS_FILE))
         target = staging if flat else io.join(staging, SAVED_MODEL_DIR)
         if keras.backend.backend() == "tensorflow":
