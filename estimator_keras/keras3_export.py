@@ -222,7 +222,9 @@ def _custom_modules(model):
     """Modules defining the model's layers outside Keras: the child that
     loads ``model.keras`` imports them first so they are registered."""
     modules = {type(layer).__module__ for layer in _all_layers(model)}
-    return sorted(m for m in modules if m.split(".")[0] not in ("keras", "tf_keras", "tensorflow"))
+    # A layer class defined in a script (__main__) cannot be imported again.
+    return sorted(m for m in modules if m.split(".")[0] not in (
+        "keras", "tf_keras", "tensorflow", "__main__"))
 
 
 def _all_layers(layer):
