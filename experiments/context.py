@@ -132,7 +132,7 @@ def check_inputs(model, config, dataset_path):
     schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
     mapping = feature_map(schema, config.data.features, config.data.label)
     inputs.check_feature_keys(model, mapping)
-    for input_name, tensor in zip(model.input_names, model.inputs):
+    for input_name, tensor in zip(inputs.input_names(model), model.inputs):
         spec = schema[mapping[input_name]]
         expected = tuple(tensor.shape[1:])
         if spec.encoding in ("bytes",) or tuple(spec.shape) != expected:

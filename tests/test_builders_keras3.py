@@ -27,6 +27,7 @@ import tensorflow as tf
 import keras
 
 assert tf.keras is keras or tf.keras.Model is keras.Model, "tf.keras is not Keras 3 here"
+from estimator_keras import inputs
 from experiments import catalog, models, registry
 from experiments.data_info import DataInfo
 
@@ -61,6 +62,8 @@ out = {"keras": keras.__version__, "backend": keras.backend.backend()}
 for name, (build, hparams, info, experiment) in cases.items():
     keras.utils.set_random_seed(0)
     model = build(hparams, info)
+    # How the input pipeline's features are matched to the model's inputs.
+    inputs.check_feature_keys(model, [info.input_name])
     metrics = (registry.get(experiment).make_metrics(info) if experiment else ["accuracy"])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=metrics)
     shape = tuple(info.input_shape)
