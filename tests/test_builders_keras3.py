@@ -59,6 +59,28 @@ cases = {
                          data((8, 8, 1), 2), None),
 }
 out = {"keras": keras.__version__, "backend": keras.backend.backend()}
+
+# The default experiment as the runner builds it: its plan's model in
+# mixed_bfloat16 (what precision "auto" picks on most CPUs), compiled with its
+# optimizer and cosine schedule.
+from estimator_keras.engines import optimizers
+from experiments import context, hparams
+experiment = registry.get("fashion_mnist_cnn")
+config = hparams.with_overrides(experiment.config, {"filters": "2", "dense_units": "8",
+                                                    "max_steps": "10"})
+info = data((12, 12, 1), 3)
+plan = context.experiment_plan(experiment, config, info, policy="mixed_bfloat16")
+keras.utils.set_random_seed(0)
+model = plan.build_model()
+model.compile(optimizer=optimizers.keras_optimizer(plan.optimizer, plan.learning_rate),
+              loss=plan.loss, metrics=plan.metrics())
+x = rng.integers(0, 256, (4, 12, 12, 1)).astype("float32")
+loss = model.train_on_batch(x, rng.integers(0, 3, 4), return_dict=True)["loss"]
+pred = np.asarray(model.predict(x, verbose=0))
+out["plan"] = {"loss": float(loss), "shape": list(pred.shape), "dtype": str(pred.dtype),
+               "sums": float(np.abs(pred.astype("float64").sum(axis=-1) - 1).max()),
+               "class": type(model).__module__.split(".")[0],
+               "conv": next(l for l in model.layers if "Conv" in type(l).__name__).compute_dtype}
 for name, (build, hparams, info, experiment) in cases.items():
     keras.utils.set_random_seed(0)
     model = build(hparams, info)
@@ -94,6 +116,7 @@ def _keras3_installed():
     return bool(tf and keras and tf >= (2, 16) and keras >= (3, 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_builders_train_a_batch_under_keras3(backend):
     if not _keras3_installed():
@@ -106,7 +129,11 @@ def test_builders_train_a_batch_under_keras3(backend):
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found.pop("keras").startswith("3.") and found.pop("backend") == backend
-    expected = {"seed_cnn": [4, 3], "seed_mlp": [4, 3], "image_classifier": [4, 4],
+    plan = found.pop("plan")
+    # Computes in bfloat16, the softmax in float32 (precision.with_policy).
+    assert plan.pop("conv") == "bfloat16" and plan.pop("dtype") == "float32", plan
+    found["plan"] = plan
+    expected = {"plan": [4, 3], "seed_cnn": [4, 3], "seed_mlp": [4, 3], "image_classifier": [4, 4],
                 "image_classifier_grey_2d": [4, 2], "image_classifier_vector": [4, 3],
                 "image_classifier_scalar": [4, 2], "image_segmenter": [4, 16, 16, 3],
                 "readme_small_cnn": [4, 2]}
