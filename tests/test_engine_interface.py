@@ -104,6 +104,7 @@ def test_check_cluster_refuses_what_an_engine_does_not_run():
     with pytest.raises(ConfigError, match=r"--strategy multi_worker_mirrored"):
         engines.check_cluster("keras3", strategy="multi_worker_mirrored")
     engines.check_cluster("keras3", strategy="mirrored")
+    engines.check_cluster("keras3", strategy="auto")
 
 
 def test_every_engine_choice_reaches_the_train_parser():

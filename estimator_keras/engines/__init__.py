@@ -169,7 +169,7 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
       engine: a resolved engine name.
       ps, evaluator, workers: how the caller asked for them ("--ps 1", "ps
         tasks in TF_CONFIG"...), or None when it did not.
-      strategy: a concrete strategy name, or None.
+      strategy: a strategy name ("auto" passes), or None.
 
     Raises:
       ConfigError: naming what was asked and the engine that can run it.
@@ -193,7 +193,7 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
             f"{' and no '.join([', no '.join(runs_no[:-1]), runs_no[-1]] if len(runs_no) > 1 else runs_no)}"
             f", so {asked} cannot be used with it. Drop {asked}"
             + (f", or use --engine {others[0]}{_WHERE.get(others[0], '')}." if others else "."))
-    if strategy and strategy not in spec["strategies"]:
+    if strategy and strategy != "auto" and strategy not in spec["strategies"]:
         raise ConfigError(
             f"the {engine} engine {spec['how']}: it cannot train with --strategy {strategy}; "
             f"use one of {', '.join(('auto',) + spec['strategies'])}.")
