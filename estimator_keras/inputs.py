@@ -156,9 +156,17 @@ class InputConfig:
         return self.cache_shuffle == "records"
 
 
+def input_names(model):
+    """The names by which a functional model takes a dict of features, in
+    the order of ``model.inputs``: Keras 2's ``input_names``; Keras 3 has
+    none and matches dict keys to its input tensors' names."""
+    names = getattr(model, "input_names", None)
+    return list(names) if names is not None else [t.name for t in model.inputs]
+
+
 def check_feature_keys(model, feature_keys):
     """Raises SchemaError unless the features are exactly the model's inputs."""
-    expected = set(model.input_names)
+    expected = set(input_names(model))
     given = set(feature_keys)
     if expected != given:
         raise SchemaError(

@@ -14,6 +14,7 @@ import sys
 import traceback
 import warnings
 
+from estimator_keras import engines
 from estimator_keras.engines import preemption
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
 from experiments import cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags, tune_cmd
@@ -114,6 +115,15 @@ def _setup_logging(verbose):
 _TENSORFLOW_COMMANDS = ("prepare", "inspect", "train", "evaluate", "export")
 
 
+def _prepare_keras(args):
+    """What the engine needs set before TensorFlow is imported (which Keras
+    ``tf.keras`` is, the Keras backend), for this command's --engine."""
+    # Absent from an engines module older than the keras3 engine.
+    prepare = getattr(engines, "prepare_keras", None)
+    if prepare is not None:
+        prepare(getattr(args, "engine", None) or "auto")
+
+
 def _import_tensorflow_quietly():
     """Imports TensorFlow with the stderr file descriptor pointed at /dev/null.
 
@@ -152,9 +162,10 @@ def main(argv=None):
         parser.commands[args.command].unrecognized(extra)
     _merge_global_flags(args)
     _setup_logging(args.verbose)
-    if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
-        _import_tensorflow_quietly()
     try:
+        _prepare_keras(args)
+        if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
+            _import_tensorflow_quietly()
         if args.command == "cluster":
             return cluster_cmd.run(args, extra)
         if args.command == "submit":

@@ -117,7 +117,7 @@ def _flag_value(argv, flag):
 
 def _check_engine(args, command):
     # Refuse here, before any task starts, what every task would refuse on
-    # its own: the engine's absence, or ps / evaluator under the keras engine.
+    # its own: the engine's absence, or tasks the engine does not run.
     requested = _flag_value(command, "--engine") or "auto"
     engine = engines.auto_from_metadata() if requested == "auto" else requested
     found = {name: (ok, text) for name, ok, text in engines.statuses()}
@@ -125,10 +125,9 @@ def _check_engine(args, command):
     if not available:
         raise ConfigError(f"--engine {requested} means the {engine} engine, which this "
                           f"environment cannot run: {status}.")
-    if engine == "keras":
-        engines.check_keras_cluster(
-            ps=f"--ps {args.ps}" if args.ps else None,
-            evaluator="--evaluator" if args.evaluator else None)
+    engines.check_cluster(engine, ps=f"--ps {args.ps}" if args.ps else None,
+                          evaluator="--evaluator" if args.evaluator else None,
+                          workers=f"--workers {args.workers}" if args.workers else None)
 
 
 def _check_train_flags(args, command):

@@ -52,12 +52,16 @@ def header_line(config, strategy_name, replicas, info, engine_name):
 
 
 def engine_for(requested, model_dir):
-    """resolve_engine, except that "auto" keeps a model dir the keras engine
-    trained with the keras engine (the Estimator cannot restore it)."""
+    """resolve_engine, except that "auto" keeps a model dir with the engine
+    that wrote its checkpoint where this environment can run that engine
+    (the Estimator cannot restore the keras engine's checkpoints)."""
     if (requested or "auto") == "auto":
         latest = tf.train.latest_checkpoint(str(model_dir))
-        if latest and checkpoints.checkpoint_engine(latest) == "keras":
-            requested = "keras"
+        if latest:
+            writer = checkpoints.checkpoint_engine(latest)
+            runnable = {name for name, ok, _ in engines.statuses() if ok}
+            if writer != engines.auto_from_metadata() and writer in runnable:
+                requested = writer
     return engines.resolve_engine(requested)
 
 
@@ -128,7 +132,7 @@ def check_inputs(model, config, dataset_path):
     schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
     mapping = feature_map(schema, config.data.features, config.data.label)
     inputs.check_feature_keys(model, mapping)
-    for input_name, tensor in zip(model.input_names, model.inputs):
+    for input_name, tensor in zip(inputs.input_names(model), model.inputs):
         spec = schema[mapping[input_name]]
         expected = tuple(tensor.shape[1:])
         if spec.encoding in ("bytes",) or tuple(spec.shape) != expected:
@@ -200,11 +204,14 @@ class RunContext:
         # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
         gpus = strategy_lib.local_gpu_count() if strategy in ("auto", "mirrored") else 0
         strategy_name = strategy_lib.choose_strategy(strategy, info, gpus)
-        if engine_name == "keras":
-            # choose_strategy has already refused parameter_server without ps tasks.
-            engines.check_keras_cluster(
-                ps="the ps tasks in TF_CONFIG" if info.has_ps else None,
-                evaluator="an evaluator task (TF_CONFIG)" if info.is_evaluator else None)
+        # Before any strategy exists (one may wait for its peers); choose_strategy
+        # has already refused parameter_server without ps tasks.
+        engines.check_cluster(
+            engine_name, ps="the ps tasks in TF_CONFIG" if info.has_ps else None,
+            evaluator="an evaluator task (TF_CONFIG)" if info.is_evaluator else None,
+            workers=(f"the {info.num_workers} training tasks in TF_CONFIG"
+                     if info.num_workers > 1 else None),
+            strategy=strategy_name)
         distribute = strategy_lib.make_train_distribute(strategy_name, cluster_info=info)
         # Only now: importing an engine loads Keras.
         engine_obj = engines.get_engine(engine_name)
@@ -215,8 +222,8 @@ class RunContext:
         check_numeric_inputs(config, dataset_path)
         data = data_info.describe(manifest.load_manifest(dataset_path), config.data)
         changed = config_files.changed_settings(model_dir, config, dataset_path, data)
-        latest = tf.train.latest_checkpoint(str(model_dir))
-        start_step = (checkpoints.checkpoint_step(latest) or 0) if latest else 0
+        latest = engine_obj.latest_checkpoint(str(model_dir))
+        start_step = (engine_obj.checkpoint_step(latest) or 0) if latest else 0
         seed = base.run_seed(config.train.seed, start_step)
         policy, policy_reason = precision.resolve(config.train.precision)
         if config.train.precision != "float32":

@@ -303,9 +303,10 @@ def _check_strategy(args) -> None:
             "--strategy %s does not use parameter servers, but --ps %d asks for some: "
             "use --strategy parameter_server (or auto), or drop --ps."
             % (args.strategy, args.ps))
-    if getattr(args, "engine", None) == "keras":
-        engines.check_keras_cluster(ps="--ps" if args.ps else None,
-                                    evaluator="--evaluator" if args.evaluator else None)
+    engines.check_cluster(getattr(args, "engine", None) or "auto",
+                          ps="--ps" if args.ps else None,
+                          evaluator="--evaluator" if args.evaluator else None,
+                          workers=f"--workers {args.workers}" if args.workers else None)
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")

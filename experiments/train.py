@@ -81,18 +81,15 @@ class Runner:
             export_lib.recover_export(self._export_dir())
             latest = self._check_checkpoint()
             config_files.write(ctx.model_dir, ctx.config, ctx.dataset_path, ctx.data)
-            if latest and (checkpoints.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
+            if latest and (ctx.engine.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
                 return self._already_trained(latest)
-            if latest and ctx.engine.name == "estimator":
-                # The keras engine says where it resumes from itself.
-                ctx.log(f"resuming from {latest}")
             result = self._train(is_chief=True)
             metrics = result.metrics
             if metrics is None:
                 # In a cluster only the evaluator evaluates; the chief's
                 # summary needs the final numbers too.
                 metrics = ctx.engine.evaluate(self._plan(),
-                                              checkpoints.latest_checkpoint(ctx.model_dir))
+                                              ctx.engine.require_checkpoint(ctx.model_dir))
             export_dir = self._export(result.checkpoint, metrics)
             self._report(metrics)
         return metrics, export_dir
@@ -101,10 +98,8 @@ class Runner:
         """Trains its share in step with the chief; exports nothing."""
         self._check_checkpoint()
         self._train(is_chief=False)
-        if self.ctx.engine.name == "estimator" and self.ctx.strategy_name == "multi_worker_mirrored":
-            # The Estimator's non-chief workers checkpoint into a scratch dir
-            # the chief never reads.
-            io.rmtree(base.scratch_dir(self.ctx.model_dir, self.ctx.info.task_index))
+        self.ctx.engine.finish_worker(self.ctx.model_dir, self.ctx.info.task_index,
+                                      self.ctx.strategy_name)
         return None, None
 
     def evaluator(self):
@@ -145,10 +140,10 @@ class Runner:
         """A checkpoint in the model dir must fit the model and the engine;
         returns it (None when there is none)."""
         ctx = self.ctx
-        latest = tf.train.latest_checkpoint(ctx.model_dir)
+        latest = ctx.engine.latest_checkpoint(ctx.model_dir)
         if latest:
             try:
-                checkpoints.check_compatible(ctx.probe, latest)
+                ctx.engine.check_compatible(ctx.probe, latest)
             except ModelDirError:
                 if ctx.changed:
                     raise config_files.refusal(ctx.model_dir, ctx.changed,
@@ -162,11 +157,7 @@ class Runner:
 
     def _on_evaluation(self, checkpoint, metrics):
         ctx = self.ctx
-        if ctx.engine.name == "estimator":
-            # The keras engine logs its evaluations as fit reports them.
-            ctx.log(f"evaluated step {int(metrics.get('global_step', -1))}: "
-                    f"{base.format_metrics(metrics)}")
-        export_lib.export_if_best(ctx.build_model, ctx.model_dir, checkpoint, metrics,
+        ctx.engine.export_if_best(ctx.build_model, ctx.model_dir, checkpoint, metrics,
                                   ctx.config.best_metric, ctx.config.higher_is_better,
                                   schema=ctx.schema, features=ctx.config.data.features,
                                   log=ctx.log, class_names=ctx.data.class_names)
@@ -193,7 +184,7 @@ class Runner:
 
     def _export(self, checkpoint, metrics):
         ctx = self.ctx
-        return export_lib.export_model(
+        return ctx.engine.export(
             ctx.build_model, ctx.model_dir, checkpoint=checkpoint, schema=ctx.schema,
             features=ctx.config.data.features, export_dir=ctx.export_dir,
             metadata=export_metadata(ctx.config, ctx.engine.name, ctx.dataset_path, metrics),
@@ -203,7 +194,7 @@ class Runner:
         """A model dir already at --max-steps trains nothing: it reports the
         numbers of its export, and writes the export only when missing."""
         ctx = self.ctx
-        step = checkpoints.checkpoint_step(latest)
+        step = ctx.engine.checkpoint_step(latest)
         ctx.log(f"{ctx.model_dir} is already at step {step} (--max-steps "
                 f"{ctx.config.train.max_steps}): nothing to train. Raise --max-steps to train on.")
         recorded = export_lib.read_export_info(self._export_dir())
@@ -232,8 +223,9 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     """Runs the experiment: prepare data if missing, train and evaluate,
     export (chief only). Works locally and as any task of a TF_CONFIG cluster.
 
-    ``engine`` is "estimator" (train_and_evaluate), "keras" (Model.fit) or
-    "auto" (the Estimator where it exists). ``export_dir`` defaults to
+    ``engine`` is "estimator" (train_and_evaluate), "keras" (Model.fit of
+    Keras 2), "keras3" (Model.fit of Keras 3) or "auto" (see
+    :func:`estimator_keras.engines.resolve_engine`). ``export_dir`` defaults to
     ``MODEL_DIR/export``; ``tensorboard_dir`` (Vertex's
     AIP_TENSORBOARD_LOG_DIR) gets the summaries as training writes them
     (default: the model dir). SIGTERM or SIGINT saves the current step within
@@ -267,8 +259,8 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
     engine = engines.get_engine(context_lib.engine_for(engine, model_dir))
     dataset_path = context_lib.ensure_data(config, data_dir, source_dir)
     data = data_info.describe(manifest.load_manifest(dataset_path), config.data)
-    checkpoint = checkpoints.latest_checkpoint(model_dir)
-    checkpoints.check_compatible(experiment.make_model(config.model, data), checkpoint)
+    checkpoint = engine.require_checkpoint(model_dir)
+    engine.check_compatible(experiment.make_model(config.model, data), checkpoint)
     _, eval_fn = context_lib.input_fns(config, dataset_path)
     plan = context_lib.experiment_plan(experiment, config, data, model_dir=model_dir,
                                        eval_data=eval_fn)

@@ -144,24 +144,68 @@ def check_keras2(engine):
         f"when tf-keras is installed).")
 
 
-def check_keras_cluster(ps=None, evaluator=None):
-    """Refuses parameter servers and an evaluator task for the keras engine,
-    which trains synchronously and evaluates on the chief.
+# What each engine runs of a cluster, known without importing it: launchers
+# check a cluster before any task starts, and a task before its strategy
+# exists. (TF_CONFIG task types, strategy names, what it does instead.)
+CLUSTERS = {
+    "estimator": {"tasks": ("chief", "worker", "ps", "evaluator"),
+                  "strategies": ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
+                  "how": ""},
+    "keras": {"tasks": ("chief", "worker"),
+              "strategies": ("none", "mirrored", "multi_worker_mirrored"),
+              "how": "trains with Model.fit under MultiWorkerMirroredStrategy and evaluates "
+                     "on the chief"},
+    "keras3": {"tasks": ("chief",), "strategies": ("none", "mirrored"),
+               "how": "trains with Keras 3's Model.fit in one process (over that machine's "
+                      "devices) and evaluates there"},
+}
+
+
+def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
+    """Refuses what ``engine`` cannot run: parameter servers, an evaluator
+    task, several training tasks, or a strategy; no TensorFlow is imported.
 
     Args:
-      ps, evaluator: how the caller asked for them ("--ps 1", "ps tasks in
-        TF_CONFIG"...), or None when it did not.
+      engine: a resolved engine name.
+      ps, evaluator, workers: how the caller asked for them ("--ps 1", "ps
+        tasks in TF_CONFIG"...), or None when it did not.
+      strategy: a strategy name ("auto" passes), or None.
 
     Raises:
       ConfigError: naming what was asked and the engine that can run it.
     """
-    asked = " and ".join(a for a in (ps, evaluator) if a)
+    spec = CLUSTERS.get(engine)
+    if spec is None:
+        return
+    asked = [a for a, task in ((workers, "worker"), (ps, "ps"), (evaluator, "evaluator"))
+             if a and task not in spec["tasks"]]
     if asked:
+        asked = " and ".join(asked)
+        runs_no = [text for task, text in (("worker", "other training tasks"),
+                                           ("ps", "parameter servers"),
+                                           ("evaluator", "evaluator task"))
+                   if task not in spec["tasks"]]
+        others = [name for name, other in CLUSTERS.items() if name != engine and all(
+            task in other["tasks"] for task, a in (("worker", workers), ("ps", ps),
+                                                   ("evaluator", evaluator)) if a)]
         raise ConfigError(
-            f"the keras engine trains with Model.fit under MultiWorkerMirroredStrategy and "
-            f"evaluates on the chief: it runs no parameter servers and no evaluator task, so "
-            f"{asked} cannot be used with it. Drop {asked}, or use --engine estimator "
-            f"(TensorFlow 2.15).")
+            f"the {engine} engine {spec['how']}: it runs no "
+            f"{' and no '.join([', no '.join(runs_no[:-1]), runs_no[-1]] if len(runs_no) > 1 else runs_no)}"
+            f", so {asked} cannot be used with it. Drop {asked}"
+            + (f", or use --engine {others[0]}{_WHERE.get(others[0], '')}." if others else "."))
+    if strategy and strategy != "auto" and strategy not in spec["strategies"]:
+        raise ConfigError(
+            f"the {engine} engine {spec['how']}: it cannot train with --strategy {strategy}; "
+            f"use one of {', '.join(('auto',) + spec['strategies'])}.")
+
+
+# Where an engine runs, for the messages that suggest it.
+_WHERE = {"estimator": " (TensorFlow 2.15)"}
+
+
+def check_keras_cluster(ps=None, evaluator=None):
+    """:func:`check_cluster` for the keras engine."""
+    check_cluster("keras", ps=ps, evaluator=evaluator)
 
 
 def resolve_engine(requested="auto"):

@@ -6,9 +6,10 @@ An engine trains a Keras model described by a :class:`TrainingPlan`,
 checkpointing and evaluating every ``eval_every_steps`` steps, and reports
 through the plan's :class:`TrainingHooks`: ``log`` for progress lines and
 ``on_evaluation(checkpoint, metrics)`` after each evaluation (where a runner
-logs the numbers and keeps the best export). Both engines write checkpoints
-with the same object-based keys, so evaluation, export and early stopping do
-not care which one trained.
+keeps the best export). The ``estimator`` and ``keras`` engines write
+checkpoints with the same object-based keys, so evaluation, export and early
+stopping do not care which of them trained; what differs between engines
+(their checkpoints, exports, cluster roles) is behind :class:`Engine`.
 
 Example::
 
@@ -25,7 +26,7 @@ import time
 import typing
 
 from estimator_keras import io
-from estimator_keras.errors import NumericalError, UsageError
+from estimator_keras.errors import ModelDirError, NumericalError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -166,13 +167,19 @@ class RunResult:
 
 
 class Engine(abc.ABC):
-    """A way to train: ``estimator`` or ``keras``."""
+    """A way to train (``estimator``, ``keras``, ``keras3``...): everything
+    in which the engines differ, so that a runner never asks for an engine
+    by name. What must be known before an engine is imported (which tasks
+    of a cluster it runs, what to set before TensorFlow loads) is in
+    :mod:`estimator_keras.engines` instead."""
 
     name = None
 
     @abc.abstractmethod
     def train(self, plan):
-        """Trains and evaluates ``plan``; returns a :class:`RunResult`.
+        """Trains and evaluates ``plan``; returns a :class:`RunResult`. The
+        engine logs through ``plan.hooks``: where it resumes from, and each
+        evaluation's metrics before ``plan.hooks.on_evaluation``.
 
         Raises:
           NumericalError: the loss became NaN or infinite.
@@ -180,8 +187,46 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def evaluate(self, plan, checkpoint):
-        """The metrics of ``checkpoint`` (from either engine) on
-        ``plan.eval_data``, with ``global_step``."""
+        """The metrics of ``checkpoint`` (one :meth:`latest_checkpoint`
+        returns) on ``plan.eval_data``, with ``global_step``."""
+
+    @abc.abstractmethod
+    def latest_checkpoint(self, model_dir):
+        """The checkpoint this engine would resume from in ``model_dir`` (a
+        path or prefix; one another engine wrote where this engine continues
+        from it), or None when there is none."""
+
+    @abc.abstractmethod
+    def checkpoint_step(self, checkpoint):
+        """The global step stored in ``checkpoint`` (None when unknown)."""
+
+    @abc.abstractmethod
+    def check_compatible(self, model, checkpoint):
+        """Raises ModelDirError naming each weight of ``model`` (an
+        uncompiled model of the experiment) that ``checkpoint`` lacks or
+        holds in another shape, and each it holds that the model lacks."""
+
+    @abc.abstractmethod
+    def export(self, model_builder, model_dir, *, checkpoint, **options):
+        """Writes the export of ``checkpoint`` and returns its folder.
+        ``options`` are those of :func:`estimator_keras.export.export_model`
+        (schema, features, export_dir, metadata, class_names, flat)."""
+
+    @abc.abstractmethod
+    def export_if_best(self, model_builder, model_dir, checkpoint, metrics, metric,
+                       higher_is_better=True, **options):
+        """Exports ``checkpoint`` to ``MODEL_DIR/best`` when its ``metric``
+        beats the one recorded there; returns that folder, or None. As
+        :func:`estimator_keras.export.export_if_best` (options: schema,
+        features, log, class_names)."""
+
+    def require_checkpoint(self, model_dir):
+        """:meth:`latest_checkpoint`; ModelDirError when there is none."""
+        found = self.latest_checkpoint(model_dir)
+        if not found:
+            raise ModelDirError(f"{model_dir} holds no checkpoint: train first "
+                                f"(`python -m experiments train ... --model-dir {model_dir}`).")
+        return found
 
     def check_can_restore(self, checkpoint):
         """Raises ModelDirError when this engine cannot continue from
@@ -190,6 +235,41 @@ class Engine(abc.ABC):
     def prepare(self, plan, is_chief):
         """Called on every task before training; a place to wait for what the
         chief writes first."""
+
+    def finish_worker(self, model_dir, task_index, strategy_name):
+        """Called on a non-chief training worker after it trained: removes
+        what only that task wrote. The default removes nothing."""
+
+
+class TFCheckpointEngine(Engine):
+    """An engine whose checkpoints are TensorFlow object-based checkpoints in
+    ``MODEL_DIR`` with the model's weight keys (``estimator`` and ``keras``:
+    each continues from the other's), exported by :mod:`estimator_keras.export`."""
+
+    # TensorFlow is imported in the methods: this module stays light.
+    # pylint: disable=import-outside-toplevel
+
+    def latest_checkpoint(self, model_dir):
+        import tensorflow as tf
+        return tf.train.latest_checkpoint(str(model_dir))
+
+    def checkpoint_step(self, checkpoint):
+        from estimator_keras import checkpoints
+        return checkpoints.checkpoint_step(checkpoint)
+
+    def check_compatible(self, model, checkpoint):
+        from estimator_keras import checkpoints
+        checkpoints.check_compatible(model, checkpoint)
+
+    def export(self, model_builder, model_dir, *, checkpoint, **options):
+        from estimator_keras import export
+        return export.export_model(model_builder, model_dir, checkpoint=checkpoint, **options)
+
+    def export_if_best(self, model_builder, model_dir, checkpoint, metrics, metric,
+                       higher_is_better=True, **options):
+        from estimator_keras import export
+        return export.export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
+                                     higher_is_better, **options)
 
 
 def check_positive(name, value):

@@ -411,7 +411,7 @@ def compile_for_estimator(plan):
     return model
 
 
-class EstimatorEngine(base.Engine):
+class EstimatorEngine(base.TFCheckpointEngine):
     """:class:`~estimator_keras.engines.base.Engine` over ``model_to_estimator``."""
 
     name = "estimator"
@@ -436,7 +436,17 @@ class EstimatorEngine(base.Engine):
             keep_checkpoint_max=plan.keep_checkpoint_max,
             log_every_steps=plan.log_every_steps, train_distribute=plan.strategy,
             seed=plan.seed, summaries=not elsewhere)
-        hooks, exporters = [], [EvaluationExporter(plan.hooks.on_evaluation)]
+        if plan.chief:
+            latest = tf.train.latest_checkpoint(plan.model_dir)
+            if latest:
+                plan.hooks.log(f"resuming from {latest}")
+
+        def on_evaluation(checkpoint, metrics):
+            plan.hooks.log(f"evaluated step {int(metrics.get('global_step', -1))}: "
+                           f"{base.format_metrics(metrics)}")
+            plan.hooks.on_evaluation(checkpoint, metrics)
+
+        hooks, exporters = [], [EvaluationExporter(on_evaluation)]
         if elsewhere:
             if plan.chief:
                 hooks.append(SummaryHook(plan.summary_dir, summary_steps(plan.log_every_steps),
@@ -461,6 +471,12 @@ class EstimatorEngine(base.Engine):
 
     def check_can_restore(self, checkpoint):
         checkpoints.check_estimator_can_restore(checkpoint)
+
+    def finish_worker(self, model_dir, task_index, strategy_name):
+        if strategy_name == "multi_worker_mirrored":
+            # The Estimator's non-chief workers checkpoint into a scratch dir
+            # the chief never reads.
+            io.rmtree(base.scratch_dir(model_dir, task_index))
 
 
 def _wait_for_warm_start(model_dir, log):

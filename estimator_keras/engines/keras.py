@@ -448,7 +448,7 @@ def evaluate_checkpoint(build_compiled_model, checkpoint, dataset, steps=None):
     return metrics
 
 
-class KerasEngine(base.Engine):
+class KerasEngine(base.TFCheckpointEngine):
     """:class:`~estimator_keras.engines.base.Engine` over ``Model.fit``."""
 
     name = "keras"

@@ -1,0 +1,137 @@
+"""One engine interface (issue 23, item 7): the runner in experiments/ never
+decides anything by an engine's name, every registered engine implements
+:class:`estimator_keras.engines.base.Engine`, and what must be known before an
+engine is imported (its cluster roles) is known for each of them."""
+
+import ast
+import glob
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+from estimator_keras import engines
+from estimator_keras.distribute import strategy as strategy_lib
+from estimator_keras.engines import base
+from estimator_keras.errors import ConfigError
+from support import ROOT, child_env
+
+# Every engine name there is or was planned, so that a comparison with one
+# not yet registered here is found too.
+ENGINE_NAMES = set(engines.ENGINES) | {"estimator", "keras", "keras3"}
+
+
+def name_comparisons(source, filename="<source>"):
+    """(line, text) of each comparison in ``source`` with an engine's name:
+    ``x == "keras"``, ``x != "estimator"``, ``x in ("keras", ...)``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for operand in [node.left, *node.comparators]:
+            values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [
+                operand]
+            if any(isinstance(v, ast.Constant) and v.value in ENGINE_NAMES for v in values):
+                found.append((node.lineno, ast.get_source_segment(source, node)))
+                break
+    return found
+
+
+def test_the_scan_finds_comparisons_with_engine_names():
+    source = ('if ctx.engine.name == "estimator":\n    pass\n'
+              'ok = engine in ("auto", "keras")\n'
+              'fine = args.command == "train"\n'
+              'if "keras3" != requested:\n    pass\n')
+    assert [line for line, _ in name_comparisons(source)] == [1, 3, 5]
+
+
+def test_the_runner_never_compares_an_engine_name():
+    paths = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
+    assert len(paths) > 10
+    found = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        found += [f"{os.path.relpath(path, ROOT)}:{line}: {text}"
+                  for line, text in name_comparisons(source, path)]
+    assert not found, ("the runner decides by an engine's name; move what differs behind "
+                       "estimator_keras.engines.base.Engine:\n" + "\n".join(found))
+
+
+def test_every_registered_engine_has_its_cluster_roles():
+    for name in engines.ENGINES:
+        spec = engines.CLUSTERS[name]
+        assert "chief" in spec["tasks"], name
+        assert set(spec["tasks"]) <= {"chief", "worker", "ps", "evaluator"}, name
+        assert spec["strategies"] and set(spec["strategies"]) <= set(
+            strategy_lib.CONCRETE_STRATEGIES), name
+
+
+def test_the_interface_is_documented():
+    for name, member in inspect.getmembers(base.Engine, inspect.isfunction):
+        if not name.startswith("_"):
+            assert inspect.getdoc(member), f"Engine.{name} has no docstring"
+    assert {"train", "evaluate", "latest_checkpoint", "checkpoint_step", "check_compatible",
+            "export", "export_if_best"} <= base.Engine.__abstractmethods__
+
+
+@pytest.mark.parametrize("name", engines.ENGINES)
+def test_every_registered_engine_implements_the_interface(name):
+    try:
+        engine = engines.get_engine(name)
+    except (ImportError, AttributeError, ConfigError) as e:
+        # An engine this environment cannot import (tf.estimator past TF 2.15,
+        # Keras 3 beside TF 2.15): its own environment's run checks it.
+        pytest.skip(f"the {name} engine does not import here: {e}")
+    assert isinstance(engine, base.Engine)
+    assert engine.name == name
+    assert not getattr(type(engine), "__abstractmethods__", None)
+    for method in base.Engine.__abstractmethods__:
+        assert getattr(type(engine), method) is not getattr(base.Engine, method), method
+
+
+def test_check_cluster_refuses_what_an_engine_does_not_run():
+    engines.check_cluster("estimator", ps="--ps 1", evaluator="--evaluator",
+                          workers="--workers 2", strategy="parameter_server")
+    engines.check_cluster("keras", workers="--workers 2", strategy="multi_worker_mirrored")
+    with pytest.raises(ConfigError, match=r"keras engine .* --ps 1 and --evaluator cannot be "
+                                          r"used with it.*--engine estimator"):
+        engines.check_cluster("keras", ps="--ps 1", evaluator="--evaluator")
+    with pytest.raises(ConfigError, match=r"keras3 engine .*one process.* --workers 2 cannot"):
+        engines.check_cluster("keras3", workers="--workers 2")
+    with pytest.raises(ConfigError, match=r"--strategy multi_worker_mirrored"):
+        engines.check_cluster("keras3", strategy="multi_worker_mirrored")
+    engines.check_cluster("keras3", strategy="mirrored")
+    engines.check_cluster("keras3", strategy="auto")
+
+
+def test_every_engine_choice_reaches_the_train_parser():
+    from experiments import cli  # pylint: disable=import-outside-toplevel
+
+    parser = cli.build_parser()
+    for name in engines.CHOICES:
+        assert parser.parse_args(["train", "x", "--engine", name]).engine == name
+        assert parser.parse_args(["evaluate", "x", "--engine", name]).engine == name
+
+
+def test_the_cli_prepares_keras_before_tensorflow_loads():
+    # engines.prepare_keras stands in for the real one here: it records what
+    # it was asked and whether TensorFlow was already loaded, then stops.
+    code = ("import sys\n"
+            "from estimator_keras import engines\n"
+            "from estimator_keras.errors import ConfigError\n"
+            "def record(name, environ=None):\n"
+            "    print('prepare', name, 'tensorflow' in sys.modules)\n"
+            "    raise ConfigError('stopped here')\n"
+            "engines.prepare_keras = record\n"
+            "from experiments import cli\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+    for argv, engine in ((["train", "fashion_mnist_cnn", "--engine", "keras"], "keras"),
+                         (["evaluate", "fashion_mnist_cnn"], "auto")):
+        proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, env=child_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stdout.split() == ["prepare", engine, "False"]
+        assert "stopped here" in proc.stderr
