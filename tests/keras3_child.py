@@ -4,38 +4,24 @@ imported, so each backend trains in its own child.
 
     python tests/keras3_child.py SCENARIO DATA_DIR MODEL_DIR [JSON_OPTIONS]
 
-Prints one line ``RESULT {...json...}`` for the test to check.
+Run with this tree on PYTHONPATH (support.child_env). Prints one line
+``RESULT {...json...}`` for the test to check.
 """
 
+import dataclasses
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import keras
 
-import keras  # noqa: E402  pylint: disable=wrong-import-position
-
-from estimator_keras import inputs, records  # noqa: E402  pylint: disable=wrong-import-position
-from estimator_keras.engines import base, keras3  # noqa: E402  pylint: disable=wrong-import-position
-from estimator_keras.engines import keras3_checkpoints as ckpts  # noqa: E402  pylint: disable=wrong-import-position
-from estimator_keras.engines.preemption import PreemptionWatch  # noqa: E402  pylint: disable=wrong-import-position
-from estimator_keras.errors import NumericalError, Preempted  # noqa: E402  pylint: disable=wrong-import-position
+from estimator_keras import inputs
+from estimator_keras.engines import base, keras3
+from estimator_keras.engines import keras3_checkpoints as ckpts
+from estimator_keras.engines.preemption import PreemptionWatch
+from estimator_keras.errors import NumericalError, Preempted
 
 NUM_FEATURES, NUM_CLASSES = 4, 3
-
-
-def write_data(data_dir, n_train=384, n_test=96):
-    """Three classes that a small MLP learns in a few dozen steps."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    rng = np.random.default_rng(0)
-
-    def split(n):
-        x = rng.standard_normal((n, NUM_FEATURES)).astype(np.float32)
-        label = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
-        return {"x": x, "label": label}
-
-    records.write_dataset({"train": split(n_train), "test": split(n_test)}, data_dir,
-                          num_shards=2, progress=False)
 
 
 def build():
@@ -83,78 +69,104 @@ def _optimizer_state(model):
                      if "iteration" not in v.path))
 
 
-def main(scenario, data_dir, model_dir, options):
+def run_train(data_dir, model_dir, options):
+    """A fresh run, the same run again (a no-op) and a longer one."""
     engine = keras3.Keras3Engine()
     evaluations, logs = [], []
-    out = {"backend": keras.backend.backend()}
-    if scenario == "data":
-        write_data(data_dir)
-    elif scenario == "train":
-        # Fresh run, then the same run again (a no-op), then a longer one.
-        plan = make_plan(data_dir, model_dir, evaluations, logs, **options)
-        result = engine.train(plan)
-        out.update(first=result.metrics, step=result.global_step,
-                   iterations=keras3._step(result.model), checkpoint=result.checkpoint,
-                   kept=_steps(model_dir), evaluations=list(evaluations))
-        latest = ckpts.latest(model_dir)
-        out["evaluate"] = engine.evaluate(plan, latest)
-        del evaluations[:]
-        again = engine.train(plan)
-        out.update(again=again.metrics, again_evaluations=list(evaluations),
-                   again_kept=_steps(model_dir))
-        longer = engine.train(make_plan(data_dir, model_dir, evaluations, logs,
-                                        **dict(options, max_steps=22)))
-        out.update(longer=longer.metrics, longer_evaluations=[m["global_step"] for _, m in
-                                                              evaluations[len(out["again_evaluations"]):]],
-                   longer_kept=_steps(model_dir))
-    elif scenario == "restore":
-        # A checkpoint holds the optimizer's state: a new model gets it back.
-        plan = make_plan(data_dir, model_dir, evaluations, logs, max_steps=5, **options)
-        result = engine.train(plan)
-        model = keras3.compile_for_keras3(plan)
-        step = ckpts.restore(model, ckpts.latest(model_dir))
-        out.update(step=step, iterations=keras3._step(model),
-                   trained_state=_optimizer_state(result.model),
-                   restored_state=_optimizer_state(model),
-                   weights_equal=all(bool(keras.ops.all(a == b)) for a, b in
-                                     zip(result.model.weights, model.weights)))
-    elif scenario == "nan":
+    plan = make_plan(data_dir, model_dir, evaluations, logs, **options)
+    result = engine.train(plan)
+    out = dict(first=result.metrics, step=result.global_step,
+               iterations=keras3._step(result.model), checkpoint=result.checkpoint,
+               kept=_steps(model_dir), evaluations=list(evaluations))
+    out["evaluate"] = engine.evaluate(plan, ckpts.latest(model_dir))
+    del evaluations[:]
+    again = engine.train(plan)
+    out.update(again=again.metrics, again_evaluations=list(evaluations),
+               again_kept=_steps(model_dir))
+    del evaluations[:]
+    longer = engine.train(make_plan(data_dir, model_dir, evaluations, logs,
+                                    **dict(options, max_steps=22)))
+    out.update(longer=longer.metrics, longer_kept=_steps(model_dir),
+               longer_evaluations=[m["global_step"] for _, m in evaluations], logs=logs)
+    return out
+
+
+def run_restore(data_dir, model_dir, options):
+    """A checkpoint holds the optimizer's state: a new model gets it back."""
+    evaluations, logs = [], []
+    plan = make_plan(data_dir, model_dir, evaluations, logs, **dict(options, max_steps=5))
+    result = keras3.Keras3Engine().train(plan)
+    model = keras3.compile_for_keras3(plan)
+    step = ckpts.restore(model, ckpts.latest(model_dir))
+    return dict(step=step, iterations=keras3._step(model),
+                trained_state=_optimizer_state(result.model),
+                restored_state=_optimizer_state(model),
+                weights_equal=all(bool(keras.ops.all(a == b)) for a, b in
+                                  zip(result.model.weights, model.weights)))
+
+
+def run_nan(data_dir, model_dir, options):
+    try:
+        keras3.Keras3Engine().train(make_plan(data_dir, model_dir, [], [], nan=True, **options))
+    except NumericalError as e:
+        return {"error": str(e)}
+    return {"error": None}
+
+
+def run_early(data_dir, model_dir, options):
+    """Accuracy that never improves (learning rate 0) stops the run."""
+    evaluations = []
+    options = dict(dict(optimizer="sgd", learning_rate=0.0, max_steps=100,
+                        early_stopping=["accuracy", 10, True]), **options)
+    result = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, [],
+                                                   **options))
+    return dict(step=result.global_step, evaluated=[m["global_step"] for _, m in evaluations])
+
+
+def run_all(data_dir, model_dir, options):
+    """Every in-process scenario, each in a model dir of its own: one
+    interpreter (and one backend start-up) for all of them."""
+    return {name: fn(data_dir, os.path.join(model_dir, name), options) for name, fn in (
+        ("train", run_train), ("restore", run_restore), ("nan", run_nan), ("early", run_early))}
+
+
+def run_forever(data_dir, model_dir, options):
+    """Trains until a signal: SIGKILL, or SIGTERM seen by a PreemptionWatch
+    entered as the runner enters it (then exit 75, as the runner's)."""
+    plan = make_plan(data_dir, model_dir, [], _Printer(), **options)
+    with PreemptionWatch(grace=60) as watch:
         try:
-            engine.train(make_plan(data_dir, model_dir, evaluations, logs, nan=True, **options))
-        except NumericalError as e:
-            out["error"] = str(e)
-    elif scenario == "early":
-        result = engine.train(make_plan(data_dir, model_dir, evaluations, logs, **options))
-        out.update(step=result.global_step, evaluated=[m["global_step"] for _, m in evaluations])
-    elif scenario == "forever":
-        # Trains until a signal: SIGKILL, or SIGTERM through a PreemptionWatch
-        # as the runner enters it; the test reads the model dir and the log.
-        print("STARTED", flush=True)
-        plan = make_plan(data_dir, model_dir, evaluations, lambda m: print(m, flush=True),
-                         **options)
-        with PreemptionWatch(grace=60) as watch:
-            try:
-                engine.train(base_replace(plan, preemption=watch))
-            except Preempted as e:
-                out.update(preempted=e.step, latest=ckpts.latest(model_dir), message=str(e))
-                print("RESULT " + json.dumps(out), flush=True)
-                sys.exit(Preempted.exit_code)
-    elif scenario == "resume":
-        plan = make_plan(data_dir, model_dir, evaluations, logs, **options)
-        result = engine.train(plan)
-        out.update(step=result.global_step, iterations=keras3._step(result.model),
-                   evaluated=[m["global_step"] for _, m in evaluations], logs=logs,
-                   kept=_steps(model_dir))
-    else:
-        raise SystemExit(f"unknown scenario {scenario!r}")
-    out.setdefault("logs", logs)
-    print("RESULT " + json.dumps(out), flush=True)
+            keras3.Keras3Engine().train(dataclasses.replace(plan, preemption=watch))
+        except Preempted as e:
+            _report(dict(preempted=e.step, latest=ckpts.latest(model_dir), message=str(e)))
+            sys.exit(Preempted.exit_code)
+    return {"preempted": None}
 
 
-def base_replace(plan, **fields):
-    import dataclasses  # pylint: disable=import-outside-toplevel
-    return dataclasses.replace(plan, **fields)
+def run_resume(data_dir, model_dir, options):
+    evaluations, logs = [], []
+    result = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
+                                                   **options))
+    return dict(step=result.global_step, iterations=keras3._step(result.model),
+                evaluated=[m["global_step"] for _, m in evaluations], logs=logs,
+                kept=_steps(model_dir))
+
+
+class _Printer(list):
+    """Progress lines as they come, for a test that watches the output."""
+
+    def append(self, line):
+        print(line, flush=True)
+
+
+def _report(out):
+    print("RESULT " + json.dumps(dict(out, backend=keras.backend.backend())), flush=True)
+
+
+SCENARIOS = {"all": run_all, "train": run_train, "restore": run_restore, "nan": run_nan,
+             "early": run_early, "forever": run_forever, "resume": run_resume}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})
+    _report(SCENARIOS[sys.argv[1]](sys.argv[2], sys.argv[3],
+                                   json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}))

@@ -23,14 +23,19 @@ Example::
 """
 
 import json
+import os
 import re
 import textwrap
+import uuid
 
 from estimator_keras import io
 from estimator_keras.errors import ModelDirError
+from estimator_keras.modeldir import pid_alive
 
 INDEX = "keras3-checkpoints.json"
 SUFFIX = ".weights.h5"
+# A file being written: the writer's pid follows (see io.stale_entries).
+_TMP_PREFIX = ".ckpt" + io.TMP_MARK
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
@@ -98,8 +103,12 @@ def save(model, model_dir, step, keep):
     io.makedirs(model_dir)
     name = name_of(step)
     path = io.join(model_dir, name)
+    if not io.is_remote(model_dir):
+        # What a killed writer left half-written.
+        for stale in io.stale_entries(model_dir, _TMP_PREFIX + "*", pid_alive):
+            io.remove(io.join(model_dir, stale))
     # Keras insists on the .weights.h5 ending, temporary names included.
-    tmp = io.temporary_name(path) + SUFFIX
+    tmp = io.join(model_dir, f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}")
     try:
         model.save_weights(tmp)
         io.rename(tmp, path, overwrite=True)
