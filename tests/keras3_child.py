@@ -144,10 +144,15 @@ def run_forever(data_dir, model_dir, options):
 
 
 def run_resume(data_dir, model_dir, options):
+    """Continues ``model_dir``; option ``evaluate_first``: a checkpoint to
+    evaluate before (e.g. another engine's)."""
     evaluations, logs = [], []
-    result = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
-                                                   **options))
-    return dict(step=result.global_step, iterations=keras3._step(result.model),
+    first = options.pop("evaluate_first", None)
+    engine = keras3.Keras3Engine()
+    plan = make_plan(data_dir, model_dir, evaluations, logs, **options)
+    out = {"evaluated_first": engine.evaluate(plan, first)} if first else {}
+    result = engine.train(plan)
+    return dict(out, step=result.global_step, iterations=keras3._step(result.model),
                 evaluated=[m["global_step"] for _, m in evaluations], logs=logs,
                 kept=_steps(model_dir))
 

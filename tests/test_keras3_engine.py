@@ -241,3 +241,46 @@ def test_sigkill_and_sigterm_resume_from_the_last_checkpoint(backend, data_dir, 
     assert run["step"] == run["iterations"] == target
     assert run["evaluated"] == list(range(step // 5 * 5 + 5, target + 1, 5))
     assert not [n for n in os.listdir(model_dir) if re.match(r"\.ckpt\.tmp-", n)]
+
+
+# The child's model, built with Keras 2 (TF_USE_LEGACY_KERAS=1) and trained by
+# the keras engine.
+KERAS2_RUN = """
+import json, sys
+import tensorflow as tf
+from estimator_keras import inputs
+from estimator_keras.engines import base, keras as keras_engine
+data_dir, model_dir = sys.argv[1:3]
+def build():
+    x = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dropout(0.1)(tf.keras.layers.Dense(16, activation="relu")(x))
+    return tf.keras.Model({"x": x}, tf.keras.layers.Dense(3, activation="softmax")(h))
+plan = base.TrainingPlan(
+    model_dir=model_dir, build_model=build, loss="sparse_categorical_crossentropy",
+    metrics=lambda: ["accuracy"], max_steps=5, eval_every_steps=5, learning_rate=0.05, seed=7,
+    train_data=lambda input_context=None: inputs.make_dataset(data_dir, 16, training=True,
+                                                              seed=7),
+    eval_data=lambda input_context=None: inputs.make_dataset(data_dir, 32, training=False,
+                                                             split="test"))
+print("RESULT " + json.dumps(keras_engine.KerasEngine().train(plan).metrics))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_continues_a_model_dir_of_the_keras_engine(backend, data_dir, tmp_path):
+    keras_envs = pytest.importorskip("keras_envs")
+    if importlib.util.find_spec("estimator_keras.keras3_migration") is None:
+        pytest.skip("estimator_keras.keras3_migration is not in this tree")
+    model_dir = tmp_path / "run"
+    keras2 = _result(keras_envs.run("keras", KERAS2_RUN, data_dir, model_dir))
+    tf_checkpoint = str(model_dir / "model.ckpt-5")
+    run = _run(backend, "resume", data_dir, model_dir, max_steps=10, eval_every_steps=5,
+               evaluate_first=tf_checkpoint)
+    # The same weights: the same numbers, at the same step.
+    assert run["evaluated_first"]["global_step"] == 5
+    assert abs(run["evaluated_first"]["accuracy"] - keras2["accuracy"]) < 1e-6
+    assert any(line.startswith(f"resuming from {tf_checkpoint} (step 5, a checkpoint of "
+                               f"another engine") for line in run["logs"]), run["logs"]
+    assert run["step"] == run["iterations"] == 10 and run["evaluated"] == [10]
+    # Saved at once as keras3's, so a rerun resumes from its own checkpoints.
+    assert run["kept"] == [5, 10]
