@@ -19,7 +19,7 @@ from estimator_keras import inputs
 from estimator_keras.engines import base, keras3
 from estimator_keras.engines import keras3_checkpoints as ckpts
 from estimator_keras.engines.preemption import PreemptionWatch
-from estimator_keras.errors import NumericalError, Preempted
+from estimator_keras.errors import ConfigError, ModelDirError, NumericalError, Preempted
 
 NUM_FEATURES, NUM_CLASSES = 4, 3
 
@@ -46,6 +46,9 @@ def make_plan(data_dir, model_dir, evaluations, logs, **options):
     if fields.pop("nan", False):
         fields["loss"] = nan_loss
     early = fields.pop("early_stopping", None)
+    if fields.pop("mirrored", False):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        fields["strategy"] = tf.distribute.MirroredStrategy(["/cpu:0"])
     return base.TrainingPlan(
         model_dir=model_dir, build_model=build,
         loss=fields.pop("loss", "sparse_categorical_crossentropy"),
@@ -98,7 +101,13 @@ def run_restore(data_dir, model_dir, options):
     result = keras3.Keras3Engine().train(plan)
     model = keras3.compile_for_keras3(plan)
     step = ckpts.restore(model, ckpts.latest(model_dir))
-    return dict(step=step, iterations=keras3._step(model),
+    other = keras.Model(model.inputs, keras.layers.Dense(NUM_CLASSES)(model.inputs[0]))
+    try:
+        keras3.Keras3Engine().check_compatible(other, ckpts.latest(model_dir))
+        refused = None
+    except ModelDirError as e:
+        refused = str(e)
+    return dict(step=step, iterations=keras3._step(model), refused=refused,
                 trained_state=_optimizer_state(result.model),
                 restored_state=_optimizer_state(model),
                 weights_equal=all(bool(keras.ops.all(a == b)) for a, b in
@@ -123,11 +132,26 @@ def run_early(data_dir, model_dir, options):
     return dict(step=result.global_step, evaluated=[m["global_step"] for _, m in evaluations])
 
 
+def run_mirrored(data_dir, model_dir, options):
+    """MirroredStrategy over this machine's CPU: trains on the tensorflow
+    backend; any other backend refuses it with ConfigError."""
+    evaluations = []
+    try:
+        result = keras3.Keras3Engine().train(make_plan(
+            data_dir, model_dir, evaluations, [], **dict(dict(mirrored=True, max_steps=7),
+                                                         **options)))
+    except ConfigError as e:
+        return {"error": str(e)}
+    return dict(step=result.global_step, evaluated=[m["global_step"] for _, m in evaluations],
+                error=None)
+
+
 def run_all(data_dir, model_dir, options):
     """Every in-process scenario, each in a model dir of its own: one
     interpreter (and one backend start-up) for all of them."""
     return {name: fn(data_dir, os.path.join(model_dir, name), options) for name, fn in (
-        ("train", run_train), ("restore", run_restore), ("nan", run_nan), ("early", run_early))}
+        ("train", run_train), ("restore", run_restore), ("nan", run_nan), ("early", run_early),
+        ("mirrored", run_mirrored))}
 
 
 def run_forever(data_dir, model_dir, options):
@@ -169,7 +193,8 @@ def _report(out):
 
 
 SCENARIOS = {"all": run_all, "train": run_train, "restore": run_restore, "nan": run_nan,
-             "early": run_early, "forever": run_forever, "resume": run_resume}
+             "early": run_early, "mirrored": run_mirrored, "forever": run_forever,
+             "resume": run_resume}
 
 
 if __name__ == "__main__":

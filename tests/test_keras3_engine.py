@@ -94,8 +94,8 @@ def scenarios(request, data_dir, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp(f"keras3-{request.param}")
     out = _run(request.param, "all", data_dir, model_dir)
     assert out["backend"] == request.param
-    return {name: dict(result, model_dir=model_dir / name) for name, result in out.items()
-            if isinstance(result, dict)}
+    return {name: dict(result, model_dir=model_dir / name, backend=out["backend"])
+            for name, result in out.items() if isinstance(result, dict)}
 
 
 def _scalars(folder):
@@ -164,6 +164,19 @@ def test_a_checkpoint_holds_the_optimizer_state(scenarios):
     assert run["trained_state"] > 0  # Adam's moments after 5 steps
     assert run["restored_state"] == run["trained_state"]
     assert run["weights_equal"]
+
+
+def test_a_checkpoint_of_another_model_is_refused(scenarios):
+    refused = scenarios["restore"]["refused"]
+    assert refused and "ckpt-5.weights.h5 does not fit this model's architecture" in refused
+
+
+def test_mirrored_strategy_on_tensorflow_only(scenarios):
+    run = scenarios["mirrored"]
+    if run["backend"] == "tensorflow":
+        assert run["error"] is None and run["step"] == 7 and run["evaluated"] == [5, 7]
+    else:
+        assert "needs Keras 3 on the tensorflow backend" in run["error"]
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint(scenarios):

@@ -191,6 +191,13 @@ def _scope(strategy):
             f"a tf.distribute strategy needs Keras 3 on the tensorflow backend; this is "
             f"KERAS_BACKEND={keras.backend.backend()}. Use --strategy none (one device), or "
             f"KERAS_BACKEND=tensorflow.")
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None and resolver.cluster_spec().jobs:
+        raise ConfigError(
+            "the keras3 engine trains in one process (Keras 3's fit under "
+            "MultiWorkerMirroredStrategy is not supported: keras-team/keras#20585), but this "
+            "task is part of a TF_CONFIG cluster. Train a cluster with --engine keras or "
+            "--engine estimator, or run keras3 without TF_CONFIG.")
     return strategy.scope()
 
 
@@ -321,6 +328,16 @@ class Keras3Engine(base.Engine):
                 f"{io.parent(checkpoint)} holds a TensorFlow checkpoint of the estimator or keras "
                 f"engine ({checkpoint}), which this installation cannot load into Keras 3. "
                 f"Continue it with the engine that wrote it, or start a fresh --model-dir.")
+
+    def check_compatible(self, model, checkpoint):
+        """Raises ModelDirError when ``checkpoint`` (keras3's, or another
+        engine's TF checkpoint) does not fit ``model``: an uncompiled Keras 3
+        model such as the runner's probe, whose weights it overwrites."""
+        if ckpts.is_checkpoint(checkpoint):
+            ckpts.restore(model, checkpoint)
+        else:
+            from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
+            keras3_migration.restore_tf_checkpoint(model, checkpoint)
 
     def latest_checkpoint(self, model_dir):
         """The checkpoint a run on ``model_dir`` continues from: the newest
