@@ -146,12 +146,26 @@ def run_mirrored(data_dir, model_dir, options):
                 error=None)
 
 
+def run_schedule(data_dir, model_dir, options):
+    """The experiments' cosine learning rate (made with tf.keras) drives a
+    Keras 3 optimizer: the peak at step 0, a tenth of it at max_steps."""
+    del data_dir, model_dir, options
+    from estimator_keras.engines import optimizers  # pylint: disable=import-outside-toplevel
+    optimizer = optimizers.keras3_optimizer("adam", optimizers.learning_rate(0.1, "cosine", 10))
+    optimizer.build([keras.Variable(0.0)])
+    rates = []
+    for step in (0, 10):
+        optimizer.iterations.assign(step)
+        rates.append(float(keras.ops.convert_to_numpy(optimizer.learning_rate)))
+    return {"rates": rates, "optimizer": type(optimizer).__name__}
+
+
 def run_all(data_dir, model_dir, options):
     """Every in-process scenario, each in a model dir of its own: one
     interpreter (and one backend start-up) for all of them."""
     return {name: fn(data_dir, os.path.join(model_dir, name), options) for name, fn in (
         ("train", run_train), ("restore", run_restore), ("nan", run_nan), ("early", run_early),
-        ("mirrored", run_mirrored))}
+        ("mirrored", run_mirrored), ("schedule", run_schedule))}
 
 
 def run_forever(data_dir, model_dir, options):
@@ -193,8 +207,8 @@ def _report(out):
 
 
 SCENARIOS = {"all": run_all, "train": run_train, "restore": run_restore, "nan": run_nan,
-             "early": run_early, "mirrored": run_mirrored, "forever": run_forever,
-             "resume": run_resume}
+             "early": run_early, "mirrored": run_mirrored, "schedule": run_schedule,
+             "forever": run_forever, "resume": run_resume}
 
 
 if __name__ == "__main__":

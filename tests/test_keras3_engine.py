@@ -179,6 +179,12 @@ def test_mirrored_strategy_on_tensorflow_only(scenarios):
         assert "needs Keras 3 on the tensorflow backend" in run["error"]
 
 
+def test_the_cosine_learning_rate_drives_a_keras3_optimizer(scenarios):
+    run = scenarios["schedule"]
+    assert run["optimizer"] == "Adam"
+    assert run["rates"] == pytest.approx([0.1, 0.01], rel=1e-5)
+
+
 def test_nan_loss_stops_with_the_last_good_checkpoint(scenarios):
     error = scenarios["nan"]["error"]
     assert error and "step 1:" in error and "NaN or infinite" in error

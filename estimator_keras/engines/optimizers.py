@@ -90,7 +90,9 @@ def keras3_optimizer(name, learning_rate=None):
     if (learning_rate is not None and not isinstance(learning_rate, (int, float))
             and not isinstance(learning_rate, schedules.LearningRateSchedule)
             and hasattr(learning_rate, "get_config")):
+        # Keras 2 writes name=None, which Keras 3 refuses.
+        config = {k: v for k, v in learning_rate.get_config().items() if v is not None}
         learning_rate = schedules.deserialize(
-            {"class_name": type(learning_rate).__name__, "config": learning_rate.get_config()})
+            {"class_name": type(learning_rate).__name__, "config": config})
     config = {} if learning_rate is None else {"learning_rate": learning_rate}
     return keras.optimizers.get({"class_name": _check_name(name), "config": config})
