@@ -18,6 +18,7 @@ PACKAGES = ("estimator_keras", "experiments")
 TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
            "estimator_keras.schema", "estimator_keras.manifest", "estimator_keras.modeldir",
            "estimator_keras.engines", "estimator_keras.engines.base",
+           "estimator_keras.engines.keras3_checkpoints",
            "estimator_keras.distribute.tf_config", "estimator_keras.distribute.launcher",
            "estimator_keras.distribute.strategy", "estimator_keras.sources",
            "estimator_keras.cloud.spec", "estimator_keras.cloud.vertex",

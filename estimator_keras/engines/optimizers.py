@@ -77,3 +77,22 @@ def keras_optimizer(name, learning_rate=None):
     ``learning_rate``; the keras engine's choice."""
     config = {} if learning_rate is None else {"learning_rate": learning_rate}
     return tf.keras.optimizers.get({"class_name": _check_name(name), "config": config})
+
+
+def keras3_optimizer(name, learning_rate=None):
+    """A Keras 3 optimizer (``import keras``, any backend) by name, with
+    ``learning_rate``: a number or a schedule; the keras3 engine's choice.
+    A schedule from another Keras (tf.keras as Keras 2) is rebuilt as Keras
+    3's own from its config, so that it runs on every backend."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    schedules = keras.optimizers.schedules
+    if (learning_rate is not None and not isinstance(learning_rate, (int, float))
+            and not isinstance(learning_rate, schedules.LearningRateSchedule)
+            and hasattr(learning_rate, "get_config")):
+        # Keras 2 writes name=None, which Keras 3 refuses.
+        config = {k: v for k, v in learning_rate.get_config().items() if v is not None}
+        learning_rate = schedules.deserialize(
+            {"class_name": type(learning_rate).__name__, "config": config})
+    config = {} if learning_rate is None else {"learning_rate": learning_rate}
+    return keras.optimizers.get({"class_name": _check_name(name), "config": config})

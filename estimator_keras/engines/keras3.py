@@ -1,0 +1,352 @@
+"""The ``keras3`` engine: Keras 3's ``Model.fit`` (``import keras``) on the
+TFRecord pipeline, on the backend that ``KERAS_BACKEND`` names (tensorflow
+or jax).
+
+It keeps the other engines' contract:
+
+- the input is the plan's ``tf.data`` pipeline, which Keras 3 reads on every
+  backend;
+- a checkpoint in ``MODEL_DIR`` at the start and every ``eval_every_steps``
+  steps (:mod:`~estimator_keras.engines.keras3_checkpoints`: Keras 3 weights
+  files with the optimizer's state, the same on every backend), the newest
+  ``keep_checkpoint_max`` kept;
+- an evaluation after every checkpoint, reported to the plan's hooks, and
+  TensorBoard scalars in ``train/`` and ``validation/`` of the summary dir;
+- ``max_steps`` is exact (the optimizer's ``iterations``); evaluations stay
+  on multiples of ``eval_every_steps`` after a resume from any step;
+- a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
+  preemption), optimizer state included; a finished run trains nothing and
+  reports its evaluation; a model dir that holds only a TensorFlow checkpoint
+  of the estimator or keras engine continues at its step
+  (:func:`estimator_keras.keras3_migration.restore_tf_checkpoint`);
+- SIGTERM/SIGINT under the plan's PreemptionWatch: a checkpoint of the step
+  just taken, then Preempted; a NaN or infinite loss: NumericalError.
+
+Example::
+
+    engine = Keras3Engine()
+    result = engine.train(TrainingPlan(model_dir="/tmp/run", build_model=build, ...))
+    print(result.metrics, result.global_step)
+"""
+
+import contextlib
+import importlib.util
+import math
+import warnings
+
+import keras
+
+from estimator_keras import io, summaries
+from estimator_keras.engines import base, optimizers, preemption
+from estimator_keras.engines import keras3_checkpoints as ckpts
+from estimator_keras.errors import ConfigError, DataError, ModelDirError
+
+# The two runs of the summaries, named as Keras' TensorBoard callback names them.
+SUMMARY_SUBDIRS = ("train", "validation")
+
+
+def _step(model):
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+class TrainingSteps(keras.callbacks.Callback):
+    """Counts the steps: progress lines, the NaN check, the exact stop at
+    ``max_steps`` and, with a PreemptionWatch, the checkpoint of the step
+    just taken before Preempted.
+
+    The step is counted here, not read from the optimizer: on JAX reading
+    the model's state in the middle of an epoch copies it back from the
+    training loop (``Callback.model`` does), so ``self.model`` is touched
+    only when the state is needed (a stop or a preemption's save).
+    """
+
+    def __init__(self, plan, meter, last_checkpoint):
+        super().__init__()
+        self.plan, self.meter, self.last_checkpoint = plan, meter, last_checkpoint
+        self.agreement = (preemption.StopAgreement(plan.preemption, plan.strategy)
+                          if plan.preemption is not None else None)
+        self.step = 0
+
+    def on_train_begin(self, logs=None):
+        self.step = _step(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        # Keras has made the logs Python numbers already: checking every step is free.
+        loss = self._finite_loss(logs)
+        plan = self.plan
+        if (self.meter.first is None or self.step % self.meter.every_steps == 0
+                or self.step >= plan.max_steps):
+            self.meter.update(self.step, loss)
+        if self.agreement is not None and self.agreement.stop_after(self.step):
+            if plan.chief:
+                ckpts.save(self.model, plan.model_dir, self.step, plan.keep_checkpoint_max)
+            raise plan.preemption.stopped(self.step, by_chief=not plan.chief)
+        if self.step >= plan.max_steps:
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        # The epoch's mean loss, before its checkpoint is written.
+        self._finite_loss(logs)
+
+    def _finite_loss(self, logs):
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return None
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise base.nan_error(self.step, self.last_checkpoint())
+        return loss
+
+
+class Evaluations(keras.callbacks.Callback):
+    """After every epoch (``eval_every_steps`` steps, or fewer up to the next
+    multiple or ``max_steps``): the checkpoint, the summaries, the reported
+    evaluation and the early-stopping rule."""
+
+    def __init__(self, plan, saved):
+        super().__init__()
+        self.plan, self.saved = plan, saved
+        self.metrics = None
+        self.stopped = False
+        self.history = []
+        self.writers = {}
+        if plan.chief and importlib.util.find_spec("tensorboard") is not None:
+            log_dir = plan.summary_dir or plan.model_dir
+            self.writers = {sub: summaries.ScalarWriter(io.join(log_dir, sub))
+                            for sub in SUMMARY_SUBDIRS}
+
+    def on_epoch_end(self, epoch, logs=None):
+        plan, logs = self.plan, logs or {}
+        step = _step(self.model)
+        if plan.chief:
+            self.saved = ckpts.save(self.model, plan.model_dir, step, plan.keep_checkpoint_max)
+        metrics = {k[len("val_"):]: float(v) for k, v in logs.items() if k.startswith("val_")}
+        if self.writers:
+            self.writers["train"].write({f"epoch_{k}": v for k, v in logs.items()
+                                         if not k.startswith("val_")}, step)
+            self.writers["validation"].write({f"epoch_{k}": v for k, v in metrics.items()}, step)
+        if not metrics:
+            return
+        self.metrics = metrics
+        plan.hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
+        if plan.chief:
+            plan.hooks.on_evaluation(self.saved, dict(metrics, global_step=step))
+        stop = plan.early_stopping
+        if stop is not None and stop.metric in metrics:
+            self.history.append((step, metrics[stop.metric]))
+            if stop.should_stop(self.history):
+                plan.hooks.log(f"early stopping at step {step}: {stop.metric} has not improved "
+                               f"for {stop.patience_steps} steps")
+                self.stopped = self.model.stop_training = True
+
+    def close(self):
+        for writer in self.writers.values():
+            writer.close()
+
+
+def compile_for_keras3(plan):
+    """The plan's model, compiled with a Keras 3 optimizer; raises
+    ConfigError when the builder returns something else than a Keras 3 model."""
+    model = plan.build_model()
+    if not isinstance(model, keras.Model):
+        raise ConfigError(
+            f"the keras3 engine needs a Keras 3 model (keras.Model, or tf.keras.Model where "
+            f"tf.keras is Keras 3), but the model builder returned "
+            f"{type(model).__module__}.{type(model).__name__}. Build it with `import keras` "
+            f"or with tf.keras without TF_USE_LEGACY_KERAS=1, or use --engine keras for "
+            f"Keras 2 models.")
+    model.compile(optimizer=optimizers.keras3_optimizer(plan.optimizer, plan.learning_rate),
+                  loss=plan.loss, metrics=plan.metrics())
+    return model
+
+
+def _tf_checkpoint(model_dir):
+    """The newest TensorFlow checkpoint (estimator or keras engine), or None."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf.train.latest_checkpoint(str(model_dir))
+
+
+def restore(model, checkpoint):
+    """Loads a keras3 checkpoint, or a TensorFlow checkpoint of another
+    engine (weights, and the step into the optimizer), into a compiled
+    model; returns the step."""
+    if ckpts.is_checkpoint(checkpoint):
+        return ckpts.restore(model, checkpoint)
+    # Another helper's module: imported only where a TF checkpoint is met.
+    from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
+    step = int(keras3_migration.restore_tf_checkpoint(model, checkpoint))
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    # The other engine's optimizer state does not carry over; its step does.
+    model.optimizer.iterations.assign(step)
+    return step
+
+
+def _scope(strategy):
+    if strategy is None:
+        return contextlib.nullcontext()
+    if keras.backend.backend() != "tensorflow":
+        raise ConfigError(
+            f"a tf.distribute strategy needs Keras 3 on the tensorflow backend; this is "
+            f"KERAS_BACKEND={keras.backend.backend()}. Use --strategy none (one device), or "
+            f"KERAS_BACKEND=tensorflow.")
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None and resolver.cluster_spec().jobs:
+        raise ConfigError(
+            "the keras3 engine trains in one process (Keras 3's fit under "
+            "MultiWorkerMirroredStrategy is not supported: keras-team/keras#20585), but this "
+            "task is part of a TF_CONFIG cluster. Train a cluster with --engine keras or "
+            "--engine estimator, or run keras3 without TF_CONFIG.")
+    return strategy.scope()
+
+
+def _datasets(plan):
+    """(train, eval) datasets; under a strategy the training batches are per replica."""
+    if plan.strategy is None:
+        train = plan.train_data(input_context=None)
+    else:
+        train = plan.strategy.distribute_datasets_from_function(
+            lambda ctx: plan.train_data(input_context=ctx))
+    return train, plan.eval_data(input_context=None)
+
+
+@contextlib.contextmanager
+def _quiet_end_of_data():
+    """Keras 3 warns "Your input ran out of data" at the end of every pass
+    over an eval split whose length tf.data cannot tell (any filtered
+    pipeline): the expected end of an evaluation. Training data that runs out is
+    caught after fit instead (a DataError)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Your input ran out of data",
+                                category=UserWarning)
+        yield
+
+
+def _evaluate(model, plan, step):
+    with _quiet_end_of_data():
+        values = model.evaluate(plan.eval_data(input_context=None), steps=plan.eval_steps,
+                                verbose=0, return_dict=True)
+    metrics = {k: float(v) for k, v in values.items()}
+    metrics["global_step"] = step
+    return metrics
+
+
+def _fit(plan):
+    hooks = plan.hooks
+    io.makedirs(plan.model_dir)
+    latest = ckpts.latest(plan.model_dir)
+    other = None if latest else _tf_checkpoint(plan.model_dir)
+    if plan.seed is not None:
+        # Initial weights and dropout; the runner passes a seed that differs
+        # after a restart (base.run_seed), so a resumed run draws anew.
+        keras.utils.set_random_seed(int(plan.seed))
+    with _scope(plan.strategy):
+        model = compile_for_keras3(plan)
+        step = 0
+        if latest or other:
+            step = restore(model, latest or other)
+            how = "" if latest else ", a checkpoint of another engine: weights and step only"
+            hooks.log(f"resuming from {latest or other} (step {step}{how})")
+        elif not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    saved = latest
+    if plan.chief and latest is None:
+        # Like the other engines: a checkpoint at the start, so a run that
+        # fails early still leaves one (and a migrated dir becomes keras3's).
+        saved = ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max)
+    if step >= plan.max_steps:
+        # Nothing left to train: report the numbers all the same.
+        metrics = _evaluate(model, plan, step)
+        hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
+        return base.RunResult(model, metrics, step, saved)
+
+    if plan.chief and importlib.util.find_spec("tensorboard") is None:
+        hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
+    replicas = plan.strategy.num_replicas_in_sync if plan.strategy is not None else 1
+    meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
+                               plan.max_steps)
+    evaluations = Evaluations(plan, saved)
+    steps = TrainingSteps(plan, meter, lambda: evaluations.saved)
+    train_data, eval_data = _datasets(plan)
+    every = plan.eval_every_steps
+    fit = dict(validation_data=eval_data, validation_steps=plan.eval_steps,
+               callbacks=[steps, evaluations], shuffle=False, verbose=0)
+    try:
+        with _quiet_end_of_data():
+            if step % every:
+                # Back onto multiples of eval_every_steps (after a preemption):
+                # one short epoch first.
+                model.fit(train_data, epochs=1, **fit,
+                          steps_per_epoch=min(every - step % every, plan.max_steps - step))
+                step = _step(model)
+            if step < plan.max_steps and not evaluations.stopped:
+                model.fit(train_data, epochs=math.ceil(plan.max_steps / every),
+                          initial_epoch=step // every, steps_per_epoch=every, **fit)
+    finally:
+        evaluations.close()
+    step = _step(model)
+    meter.finish(step)
+    if step < plan.max_steps and not evaluations.stopped:
+        raise DataError(
+            f"the training data ran out at step {step} of {plan.max_steps}: the keras3 engine "
+            f"needs a training dataset that repeats (make_dataset(..., training=True) "
+            f"without num_epochs does). The last checkpoint is {evaluations.saved}.")
+    metrics = evaluations.metrics
+    if metrics is None:
+        metrics = _evaluate(model, plan, step)
+    else:
+        metrics = dict(metrics)
+    metrics["global_step"] = step
+    return base.RunResult(model, metrics, step, evaluations.saved if plan.chief else None)
+
+
+class Keras3Engine(base.Engine):
+    """:class:`~estimator_keras.engines.base.Engine` over Keras 3's ``Model.fit``."""
+
+    name = "keras3"
+
+    def train(self, plan):
+        return _fit(plan)
+
+    def evaluate(self, plan, checkpoint):
+        """The metrics of a keras3 checkpoint, or of another engine's TF
+        checkpoint, with ``global_step``."""
+        with _scope(plan.strategy):
+            model = compile_for_keras3(plan)
+            step = restore(model, checkpoint)
+        return _evaluate(model, plan, step)
+
+    def check_can_restore(self, checkpoint):
+        """Accepts keras3 checkpoints and the TensorFlow checkpoints of the
+        other engines (continued through keras3_migration)."""
+        if ckpts.is_checkpoint(checkpoint):
+            ckpts.step_of(checkpoint)
+            return
+        if importlib.util.find_spec("estimator_keras.keras3_migration") is None:
+            raise ModelDirError(
+                f"{io.parent(checkpoint)} holds a TensorFlow checkpoint of the estimator or keras "
+                f"engine ({checkpoint}), which this installation cannot load into Keras 3. "
+                f"Continue it with the engine that wrote it, or start a fresh --model-dir.")
+
+    def check_compatible(self, model, checkpoint):
+        """Raises ModelDirError when ``checkpoint`` (keras3's, or another
+        engine's TF checkpoint) does not fit ``model``: an uncompiled Keras 3
+        model such as the runner's probe, whose weights it overwrites."""
+        if ckpts.is_checkpoint(checkpoint):
+            ckpts.restore(model, checkpoint)
+        else:
+            from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
+            keras3_migration.restore_tf_checkpoint(model, checkpoint)
+
+    def latest_checkpoint(self, model_dir):
+        """The checkpoint a run on ``model_dir`` continues from: the newest
+        keras3 checkpoint, else another engine's TF checkpoint, else None."""
+        return ckpts.latest(model_dir) or _tf_checkpoint(model_dir)
+
+    def checkpoint_step(self, checkpoint):
+        """The step of a keras3 checkpoint or of another engine's TF checkpoint."""
+        if ckpts.is_checkpoint(checkpoint):
+            return ckpts.step_of(checkpoint)
+        from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
+        return checkpoints.checkpoint_step(checkpoint)
