@@ -14,6 +14,7 @@ import sys
 import traceback
 import warnings
 
+from estimator_keras import engines
 from estimator_keras.engines import preemption
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
 from experiments import cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags, tune_cmd
@@ -112,6 +113,8 @@ def _setup_logging(verbose):
 
 # Commands that import TensorFlow (the others stay fast without it).
 _TENSORFLOW_COMMANDS = ("prepare", "inspect", "train", "evaluate", "export")
+# Those that build a model: their engine decides which Keras tf.keras is.
+_MODEL_COMMANDS = ("train", "evaluate", "export")
 
 
 def _import_tensorflow_quietly():
@@ -152,9 +155,13 @@ def main(argv=None):
         parser.commands[args.command].unrecognized(extra)
     _merge_global_flags(args)
     _setup_logging(args.verbose)
-    if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
-        _import_tensorflow_quietly()
     try:
+        if args.command in _MODEL_COMMANDS:
+            # Before TensorFlow is imported, which fixes tf.keras' Keras.
+            engines.prepare_keras(getattr(args, "engine", None),
+                                  model_dir=commands.model_dirs(args)[0])
+        if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
+            _import_tensorflow_quietly()
         if args.command == "cluster":
             return cluster_cmd.run(args, extra)
         if args.command == "submit":
