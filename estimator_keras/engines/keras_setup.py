@@ -10,6 +10,7 @@ here decides from the environment and package metadata, without importing
 TensorFlow, Keras or JAX, except where they are already imported.
 """
 
+import collections.abc
 import importlib.metadata
 import importlib.util
 import json
@@ -216,35 +217,44 @@ def _is_layer(cls):
                for c in cls.__mro__)
 
 
-def keras_generation(obj):
-    """2 for a Keras 2 object (tf-keras, or the ``keras`` 2.x package of
-    TensorFlow <= 2.15), 3 for Keras 3, None for anything else; judged by
-    the modules of its class and the classes it derives from."""
+def _keras_class(obj):
+    """(2 or 3, the Keras class ``obj`` derives from) or (None, None): judged
+    by the modules of its class and the classes it derives from (Keras 2 is
+    tf-keras, or the ``keras`` 2.x package of TensorFlow <= 2.15)."""
     for cls in type(obj).__mro__:
         module = cls.__module__ or ""
         top = module.split(".")[0]
         if top == "tf_keras" or (top == "tensorflow" and ".keras." in module):
-            return 2
+            return 2, cls
         if top == "keras":
             version = getattr(sys.modules.get("keras"), "__version__", "")
-            return 3 if version_tuple(version) >= (3,) else 2
-    return None
+            return (3 if version_tuple(version) >= (3,) else 2), cls
+    return None, None
+
+
+def keras_generation(obj):
+    """2 for a Keras 2 object, 3 for a Keras 3 one, None for anything else."""
+    return _keras_class(obj)[0]
 
 
 def _parts(obj, seen):
     """The layers inside ``obj``: its ``layers`` and layers held in its
-    public attributes (where a subclassed model keeps a layer its own Keras
-    does not track), recursively."""
+    public attributes, lists and dicts (where a subclassed model keeps a
+    layer that its own Keras does not track), recursively."""
     candidates = list(getattr(obj, "layers", None) or [])
     try:
         attributes = vars(obj)
     except TypeError:
         attributes = {}
     for name, value in attributes.items():
-        if name.startswith("_"):
+        if name.startswith("_") or isinstance(value, (str, bytes)):
             continue
-        values = value if isinstance(value, (list, tuple)) else [value]
-        candidates.extend(v for v in values if _is_layer(type(v)))
+        if isinstance(value, collections.abc.Mapping):
+            candidates.extend(value.values())
+        elif isinstance(value, collections.abc.Sequence):
+            candidates.extend(value)
+        else:
+            candidates.append(value)
     for part in candidates:
         if id(part) in seen or not _is_layer(type(part)):
             continue
@@ -253,8 +263,8 @@ def _parts(obj, seen):
         yield from _parts(part, seen)
 
 
-def _class_name(obj):
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+def _class_name(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def check_model_keras(model, engine_name, source="the model builder"):
@@ -268,9 +278,9 @@ def check_model_keras(model, engine_name, source="the model builder"):
     """
     found = {}
     for part in [model] + list(_parts(model, {id(model)})):
-        generation = keras_generation(part)
+        generation, cls = _keras_class(part)
         if generation is not None:
-            found.setdefault(generation, _class_name(part))
+            found.setdefault(generation, _class_name(cls))
     wanted = 3 if engine_name == "keras3" else 2
     how = ("builders use tf.keras, which is Keras 3 for the keras3 engine and Keras 2 "
            "(tf-keras, TF_USE_LEGACY_KERAS=1) for the estimator and keras engines; import "
@@ -280,7 +290,7 @@ def check_model_keras(model, engine_name, source="the model builder"):
             f"{source} returned a model that mixes Keras 2 and Keras 3 objects ({found[2]} is "
             f"Keras 2, {found[3]} is Keras 3); one model must be built with one Keras: {how}.")
     if not found:
-        raise ConfigError(f"{source} returned {_class_name(model)}, which is not a Keras "
+        raise ConfigError(f"{source} returned {_class_name(type(model))}, which is not a Keras "
                           f"model; it must return an uncompiled tf.keras model.")
     generation, example = next(iter(found.items()))
     if generation != wanted:
