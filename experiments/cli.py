@@ -197,8 +197,9 @@ def main(argv=None):
         _fail(EstimatorKerasError(
             f"{e.name} is not installed, and `{args.command}` needs it. Install TensorFlow with "
             f"this package's extras: pip install 'estimator-keras[cpu]' (TensorFlow 2.15 + "
-            f"tf.estimator; [gpu] with CUDA), or 'estimator-keras[keras-cpu]' plus pip install "
-            f"--no-deps 'tf-keras~=2.21.0' (TensorFlow 2.21, keras engine)."), args.verbose)
+            f"tf.estimator on Python <= 3.11, TensorFlow 2.21 + Keras 3 on 3.12+; [gpu] with "
+            f"CUDA), or 'estimator-keras[keras-cpu]' plus pip install --no-deps "
+            f"'tf-keras~=2.21.0' (TensorFlow 2.21, keras engine)."), args.verbose)
         return 1
     except Exception as e:  # pylint: disable=broad-except
         _fail(e, args.verbose, internal=True)

@@ -195,9 +195,9 @@ def use_keras3(environ=os.environ):
     if legacy_keras_requested(environ):
         # TensorFlow reads the variable when tf.keras is first touched.
         environ[LEGACY_KERAS_VARIABLE] = "0"
-    if "tensorflow" not in sys.modules:
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
         return
-    tf = sys.modules["tensorflow"]
     try:
         module = tf.keras.Model.__module__
     except (ImportError, AttributeError) as e:
