@@ -153,7 +153,7 @@ def check_backend(environ=os.environ):
         raise ConfigError(
             f"{origin} asks Keras 3 for the {backend} backend, but {' and '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not installed in this environment "
-            f"({sys.executable}). Install it with {TRAINING_BACKENDS[backend][1]}, or unset "
+            f"({sys.executable}). Install with {TRAINING_BACKENDS[backend][1]}, or unset "
             f"{BACKEND_VARIABLE} to train on the TensorFlow backend.")
     keras = sys.modules.get("keras")
     version = getattr(keras, "__version__", "") if keras is not None else ""
