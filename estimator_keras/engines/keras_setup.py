@@ -178,7 +178,8 @@ def no_keras3_message(tf_version=None, engine="keras3"):
                 "and Keras 3")
     if version_tuple(tf_version) < (2, 16):
         return (f"TensorFlow {tf_version} comes with Keras 2; the {engine} engine needs "
-                f"TensorFlow 2.16+ and Keras 3 (the cpu extra on Python 3.12+, keras-cpu on 3.11)")
+                f"TensorFlow 2.16+ and Keras 3 (pip install -e '.[cpu]' on Python 3.12+, '.[keras-cpu]' "
+                f"on 3.11)")
     if keras_version is None or version_tuple(keras_version) < (3,):
         found = f"keras {keras_version}" if keras_version else "no keras package"
         return (f"Keras 3 is not installed ({found} beside TensorFlow {tf_version}): pip "
