@@ -113,8 +113,21 @@ def _setup_logging(verbose):
 
 # Commands that import TensorFlow (the others stay fast without it).
 _TENSORFLOW_COMMANDS = ("prepare", "inspect", "train", "evaluate", "export")
-# Those that build a model: their engine decides which Keras tf.keras is.
+# Those that build a model here: their engine decides which Keras tf.keras is.
 _MODEL_COMMANDS = ("train", "evaluate", "export")
+
+
+def _prepare_keras(args):
+    """Sets up the Keras the engine needs before TensorFlow is imported, and
+    refuses a keras3 setup that cannot train (no Keras 3, a bad KERAS_BACKEND).
+    list, prepare and inspect need no Keras, submit trains elsewhere, cluster
+    tasks prepare their own; tune's trials do too, but a bad setup is refused
+    before the first trial starts (on a copy of the environment)."""
+    engine = getattr(args, "engine", None) or "auto"
+    if args.command in _MODEL_COMMANDS:
+        engines.prepare_keras(engine, model_dir=commands.model_dirs(args)[0])
+    elif args.command == "tune":
+        engines.prepare_keras(engine, environ=dict(os.environ))
 
 
 def _import_tensorflow_quietly():
@@ -156,10 +169,7 @@ def main(argv=None):
     _merge_global_flags(args)
     _setup_logging(args.verbose)
     try:
-        if args.command in _MODEL_COMMANDS:
-            # Before TensorFlow is imported, which fixes tf.keras' Keras.
-            engines.prepare_keras(getattr(args, "engine", None),
-                                  model_dir=commands.model_dirs(args)[0])
+        _prepare_keras(args)
         if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
             _import_tensorflow_quietly()
         if args.command == "cluster":

@@ -63,8 +63,10 @@ def _keras3_status(tf_version):
         return False, f"not available: {missing}"
     backends = ", ".join(f"{name} {version}" for name, version in keras_setup.usable_backends())
     backend, _ = keras_setup.keras_backend()
+    usable = backend in keras_setup.TRAINING_BACKENDS and keras_setup.backend_installed(backend)
     return True, (f"available (Keras {keras_setup.keras3_installed_version()}; backends: "
-                  f"{backends}; {BACKEND_VARIABLE}: {backend})")
+                  f"{backends}; {BACKEND_VARIABLE}: {backend}"
+                  f"{'' if usable else ', which it cannot train on here'})")
 
 
 Registration = collections.namedtuple("Registration", "module cls status")
