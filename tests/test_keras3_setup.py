@@ -309,6 +309,20 @@ def test_cli_backend_not_installed_names_the_extra(tmp_path):
     assert keras_setup.TRAINING_BACKENDS[missing[0]][1] in " ".join(err.split()), err
 
 
+@needs_keras3
+def test_cli_list_still_answers_and_tune_refuses_up_front(tmp_path):
+    environ = child_env(KERAS_BACKEND="tensorflw")
+    rc, out, err = cli("list", env=environ, timeout=120)
+    assert rc == 0, err[-2000:]
+    assert re.search(r"\n  keras3 +available .*KERAS_BACKEND: tensorflw, which it cannot train "
+                     r"on here", out), out
+    rc, _, err = cli("tune", "fashion_mnist_mlp", "--space", "learning_rate=0.001,0.01",
+                     "--model-dir", tmp_path / "run", "--data-dir", tmp_path / "data",
+                     "--engine", "keras3", env=environ, timeout=120)
+    _assert_refused_before_work(tmp_path, rc, err)
+    assert "KERAS_BACKEND=tensorflw" in err, err
+
+
 def test_cli_engine_flag_offers_every_engine():
     rc, out, _ = cli("train", "--help")
     assert rc == 0
