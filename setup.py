@@ -31,6 +31,21 @@ def _readme():
         return f.read()
 
 
+# TensorFlow 2.15, the last with tf.estimator, has wheels up to Python 3.11;
+# newer Pythons get TensorFlow 2.21, whose tf.keras is Keras 3.
+OLD_PYTHON = 'python_version < "3.12"'
+NEW_PYTHON = 'python_version >= "3.12"'
+NEW_PYTHON_311 = 'python_version >= "3.11"'
+# TensorFlow 2.21 already asks for keras>=3.12; the keras3 engine is tested on
+# 3.15. tensorboard: the HParams plugin's summaries (TF 2.16+ no longer pulls it).
+KERAS3 = ["keras>=3.15,<4", "tensorboard", "h5py"]
+
+
+def _by_python(old, new):
+    """``old`` requirements on Python <= 3.11, ``new`` on 3.12+ (environment markers)."""
+    return [f"{r}; {OLD_PYTHON}" for r in old] + [f"{r}; {NEW_PYTHON}" for r in new]
+
+
 setup(
     name="estimator-keras",
     version=_version(),
@@ -42,20 +57,28 @@ setup(
     # installed into users' site-packages.
     packages=find_packages(include=["estimator_keras", "estimator_keras.*", "experiments",
                                     "experiments.*"]),
-    # tf.estimator ends at TensorFlow 2.15 (Python <= 3.11); the keras engine
-    # runs on newer TensorFlow and Python too.
+    # tf.estimator ends at TensorFlow 2.15 (Python <= 3.11); the keras and
+    # keras3 engines run on newer TensorFlow and Python too.
     python_requires=">=3.9",
     # TensorFlow comes from an extra, so a CPU user never pulls the GPU wheels
-    # and each engine gets the TensorFlow it needs:
-    #   pip install "estimator-keras[cpu]"   TF 2.15 + tf.estimator (both engines)
+    # and each Python gets a TensorFlow that has wheels for it:
+    #   pip install "estimator-keras[cpu]"   Python <= 3.11: TF 2.15 + tf.estimator
+    #                                        (estimator and keras engines);
+    #                                        Python >= 3.12: TF 2.21 + Keras 3 (keras3 engine)
     #   pip install "estimator-keras[gpu]"   the same with CUDA
+    #   pip install "estimator-keras[jax]"   JAX on CPU, for KERAS_BACKEND=jax (keras3 engine)
     #   pip install "estimator-keras[keras]" TF 2.16-2.21 + tf-keras (keras engine)
     #   pip install "estimator-keras[keras-cpu]" && pip install --no-deps "tf-keras~=2.21.0"
     #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
     install_requires=["pyyaml"] + _job_requires(),
     extras_require={
-        "cpu": ["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
-        "gpu": ["tensorflow[and-cuda]==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
+        "cpu": _by_python(["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
+                          ["tensorflow-cpu==2.21.*"] + KERAS3),
+        "gpu": _by_python(["tensorflow[and-cuda]==2.15.*", "tensorflow-estimator==2.15.*",
+                           "numpy<2"],
+                          ["tensorflow[and-cuda]==2.21.*"] + KERAS3),
+        # Keras 3.15 needs Python 3.11+; on 3.11 it goes with the keras-cpu extra.
+        "jax": [f"jax[cpu]>=0.4.34; {NEW_PYTHON_311}"],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
@@ -77,6 +100,7 @@ setup(
         "Programming Language :: Python :: 3.10",
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

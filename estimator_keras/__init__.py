@@ -15,8 +15,10 @@ The public API:
 ``import estimator_keras`` loads no TensorFlow: each name is imported from
 its module on first use. Importing this package before TensorFlow sets
 ``TF_USE_LEGACY_KERAS=1`` when ``tf-keras`` is installed and the variable is
-unset, so that on TensorFlow 2.16+ ``tf.keras`` is Keras 2, which both
-engines need.
+unset, so that on TensorFlow 2.16+ ``tf.keras`` is Keras 2, which the
+estimator and keras engines need; for the keras3 engine (Keras 3), call
+``estimator_keras.engines.prepare_keras("keras3")`` before importing
+TensorFlow: the engine's choice wins over that default.
 """
 
 import importlib

@@ -113,15 +113,21 @@ def _setup_logging(verbose):
 
 # Commands that import TensorFlow (the others stay fast without it).
 _TENSORFLOW_COMMANDS = ("prepare", "inspect", "train", "evaluate", "export")
+# Those that build a model here: their engine decides which Keras tf.keras is.
+_MODEL_COMMANDS = ("train", "evaluate", "export")
 
 
 def _prepare_keras(args):
-    """What the engine needs set before TensorFlow is imported (which Keras
-    ``tf.keras`` is, the Keras backend), for this command's --engine."""
-    # Absent from an engines module older than the keras3 engine.
-    prepare = getattr(engines, "prepare_keras", None)
-    if prepare is not None:
-        prepare(getattr(args, "engine", None) or "auto")
+    """Sets up the Keras the engine needs before TensorFlow is imported, and
+    refuses a keras3 setup that cannot train (no Keras 3, a bad KERAS_BACKEND).
+    list, prepare and inspect need no Keras, submit trains elsewhere, cluster
+    tasks prepare their own; tune's trials do too, but a bad setup is refused
+    before the first trial starts (on a copy of the environment)."""
+    engine = getattr(args, "engine", None) or "auto"
+    if args.command in _MODEL_COMMANDS:
+        engines.prepare_keras(engine, model_dir=commands.model_dirs(args)[0])
+    elif args.command == "tune":
+        engines.prepare_keras(engine, environ=dict(os.environ))
 
 
 def _import_tensorflow_quietly():
@@ -201,8 +207,9 @@ def main(argv=None):
         _fail(EstimatorKerasError(
             f"{e.name} is not installed, and `{args.command}` needs it. Install TensorFlow with "
             f"this package's extras: pip install 'estimator-keras[cpu]' (TensorFlow 2.15 + "
-            f"tf.estimator; [gpu] with CUDA), or 'estimator-keras[keras-cpu]' plus pip install "
-            f"--no-deps 'tf-keras~=2.21.0' (TensorFlow 2.21, keras engine)."), args.verbose)
+            f"tf.estimator on Python <= 3.11, TensorFlow 2.21 + Keras 3 on 3.12+; [gpu] with "
+            f"CUDA), or 'estimator-keras[keras-cpu]' plus pip install --no-deps "
+            f"'tf-keras~=2.21.0' (TensorFlow 2.21, keras engine)."), args.verbose)
         return 1
     except Exception as e:  # pylint: disable=broad-except
         _fail(e, args.verbose, internal=True)

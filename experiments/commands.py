@@ -84,7 +84,7 @@ def cmd_list(args):
         print("broken plugins (their experiments are missing above):")
         for item in broken:
             print(f"  {item.message()}")
-    print("engines (--engine auto: estimator where available, else keras):")
+    print(f"engines (--engine auto: {engines.AUTO_RULE}):")
     for name, status in engines.describe():
         print(f"  {name:<20} {status}")
     return 0

@@ -55,9 +55,8 @@ def add_engine_flag(parser, exclude=()):
     add("--engine", default="auto", choices=list(engines.CHOICES),
         help="estimator: tf.estimator.train_and_evaluate (TensorFlow <= 2.15); keras: "
              "Model.fit of Keras 2 (TensorFlow 2.15+, tf-keras on 2.16+); keras3: Model.fit "
-             "of Keras 3 on the backend KERAS_BACKEND names (TensorFlow 2.16+); auto "
-             "(default): estimator where tensorflow_estimator imports, else the engine the "
-             "installed Keras runs (`list` shows which run here)")
+             "of Keras 3 on the backend KERAS_BACKEND names (tensorflow, jax); auto "
+             f"(default): {engines.AUTO_RULE}")
     return add.actions
 
 

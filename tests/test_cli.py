@@ -18,9 +18,11 @@ def test_list_shows_every_experiment():
     assert rc == 0
     for name in ("fashion_mnist_cnn", "fashion_mnist_mlp", "mnist_cnn", "shapes_unet"):
         assert name in out
-    # Both test environments can run the keras engine; only TF 2.15 the Estimator.
+    # Every engine has a line; the one auto picks is available; only TF 2.15 has the Estimator.
     from estimator_keras import engines  # pylint: disable=import-outside-toplevel
-    assert re.search(r"\n  keras +available \(TensorFlow", out), out
+    found = dict(re.findall(r"\n  (\S+) +(available|not available)", out))
+    assert all(name in found for name in engines.ENGINES), out
+    assert found[engines.auto_from_metadata()] == "available", out
     estimator = re.search(r"\n  estimator +(\S+)", out).group(1)
     assert estimator == ("available" if engines.estimator_available() else "not"), out
 

@@ -3,86 +3,98 @@
 - ``estimator``: ``tf.keras.estimator.model_to_estimator`` and
   ``tf.estimator.train_and_evaluate`` (TensorFlow <= 2.15 with
   ``tensorflow-estimator``): :mod:`estimator_keras.engines.estimator`.
-- ``keras``: ``Model.fit`` under ``tf.distribute`` strategies (any
+- ``keras``: ``Model.fit`` of Keras 2 under ``tf.distribute`` strategies (any
   TensorFlow 2.15+; on 2.16+ with Keras 2 from the ``tf-keras`` package):
   :mod:`estimator_keras.engines.keras`.
+- ``keras3``: ``Model.fit`` of Keras 3 (TensorFlow 2.16+), on the backend that
+  ``KERAS_BACKEND`` names (tensorflow, jax, torch):
+  :mod:`estimator_keras.engines.keras3`.
 
-Both implement :class:`estimator_keras.engines.base.Engine`, read the same
-TFRecords through the same input pipeline and write checkpoints with the same
-object-based keys (:mod:`estimator_keras.checkpoints`), so exports
-and weights move between them. This module decides which engine runs and
-imports TensorFlow only inside the functions that must probe it.
+Each implements :class:`estimator_keras.engines.base.Engine` and reads the same
+TFRecords through the same input pipeline. This module decides which engine
+runs and imports TensorFlow only inside the functions that must probe it;
+:func:`prepare_keras` makes ``tf.keras`` the Keras the engine needs and must
+run before TensorFlow is imported.
 
 Example::
 
     from estimator_keras import engines
-    name = engines.resolve_engine("auto")   # "estimator" on TF 2.15, else "keras"
+    engines.prepare_keras("auto")           # before `import tensorflow`
+    name = engines.resolve_engine("auto")   # "estimator" on TF 2.15, else keras or keras3
     engine = engines.get_engine(name)
 """
 
+import collections
 import importlib
-import importlib.metadata
 import importlib.util
 import os
-import sys
 
+from estimator_keras.engines.keras_setup import (  # noqa: F401  (this module's API)
+    BACKEND_VARIABLE, LEGACY_KERAS_VARIABLE, check_backend, check_model_keras, keras_backend,
+    prefer_legacy_keras)
+from estimator_keras.engines import keras_setup
 from estimator_keras.errors import ConfigError
 
-ENGINES = ("estimator", "keras")
+
+def _estimator_status(tf_version):
+    estimator = keras_setup.installed_version("tensorflow-estimator")
+    if keras_setup.version_tuple(tf_version) >= (2, 16):
+        return False, (f"not available: tf.estimator ended with TensorFlow 2.15 (this is "
+                       f"{tf_version})")
+    if not estimator:
+        return False, "not available: tensorflow-estimator is not installed"
+    return True, f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})"
+
+
+def _keras_status(tf_version):
+    if keras_setup.version_tuple(tf_version) < (2, 16):
+        return True, f"available (TensorFlow {tf_version}, its own Keras 2)"
+    tf_keras = keras_setup.installed_version("tf-keras")
+    if tf_keras:
+        return True, f"available (TensorFlow {tf_version}, tf-keras {tf_keras})"
+    return False, (f"not available: TensorFlow {tf_version} needs tf-keras for Keras 2 "
+                   f"(pip install --no-deps "
+                   f"'tf-keras~={'.'.join(tf_version.split('.')[:2])}.0')")
+
+
+def _keras3_status(tf_version):
+    missing = keras_setup.no_keras3_message(tf_version)
+    if missing:
+        return False, f"not available: {missing}"
+    backends = ", ".join(f"{name} {version}" for name, version in keras_setup.usable_backends())
+    backend, _ = keras_setup.keras_backend()
+    usable = backend in keras_setup.TRAINING_BACKENDS and keras_setup.backend_installed(backend)
+    return True, (f"available (Keras {keras_setup.keras3_installed_version()}; backends: "
+                  f"{backends}; {BACKEND_VARIABLE}: {backend}"
+                  f"{'' if usable else ', which it cannot train on here'})")
+
+
+Registration = collections.namedtuple("Registration", "module cls status")
+
+# name -> where its Engine lives and what says whether this environment can
+# run it (a function of TensorFlow's installed version that reads metadata,
+# never imports): a new engine is one module and one line here.
+REGISTRY = {
+    "estimator": Registration("estimator_keras.engines.estimator", "EstimatorEngine",
+                              _estimator_status),
+    "keras": Registration("estimator_keras.engines.keras", "KerasEngine", _keras_status),
+    "keras3": Registration("estimator_keras.engines.keras3", "Keras3Engine", _keras3_status),
+}
+ENGINES = tuple(REGISTRY)
 CHOICES = ("auto",) + ENGINES
+AUTO_RULE = "estimator where available, else keras where tf-keras is, else keras3"
 
-LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
-
-
-def prefer_legacy_keras(environ=os.environ):
-    """Asks TensorFlow 2.16+ for Keras 2 (``tf-keras``) as ``tf.keras``.
-
-    Sets ``TF_USE_LEGACY_KERAS=1`` unless the user set it, TensorFlow is
-    already imported (too late to matter) or ``tf_keras`` is not installed
-    (TensorFlow 2.15 then fails to import ``tf.keras`` at all). Returns
-    whether the variable is now "1".
-    """
-    if LEGACY_KERAS_VARIABLE not in environ and "tensorflow" not in sys.modules:
-        if importlib.util.find_spec("tf_keras") is not None:
-            environ[LEGACY_KERAS_VARIABLE] = "1"
-    return environ.get(LEGACY_KERAS_VARIABLE) == "1"
-
-
-def _installed(*distributions):
-    """The version of the first installed distribution of these names, or None."""
-    for name in distributions:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+# The keras3 engine's checkpoint index in a model dir (estimator_keras.engines.keras3_checkpoints).
+KERAS3_INDEX = "keras3-checkpoints.json"
 
 
 def statuses():
     """(engine, available, what this environment offers for it) for each
     engine, from package metadata alone: quick, and TensorFlow is not imported."""
-    tf_version = _installed("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
-                            "tensorflow-intel", "tensorflow-macos")
+    tf_version = keras_setup.tensorflow_installed_version()
     if tf_version is None:
         return [(e, False, "not available: TensorFlow is not installed") for e in ENGINES]
-    old_tf = tuple(int(p) for p in tf_version.split(".")[:2] if p.isdigit()) < (2, 16)
-    estimator = _installed("tensorflow-estimator")
-    tf_keras = _installed("tf-keras")
-    if estimator and old_tf:
-        est = (True, f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})")
-    else:
-        est = (False, f"not available: tf.estimator ended with TensorFlow 2.15 (this is "
-                      f"{tf_version})" if not old_tf else "not available: tensorflow-estimator "
-                      "is not installed")
-    if old_tf:
-        keras = (True, f"available (TensorFlow {tf_version}, its own Keras 2)")
-    elif tf_keras:
-        keras = (True, f"available (TensorFlow {tf_version}, tf-keras {tf_keras})")
-    else:
-        keras = (False, f"not available: TensorFlow {tf_version} needs tf-keras for Keras 2 "
-                        f"(pip install --no-deps "
-                        f"'tf-keras~={'.'.join(tf_version.split('.')[:2])}.0')")
-    return [("estimator", *est), ("keras", *keras)]
+    return [(name, *entry.status(tf_version)) for name, entry in REGISTRY.items()]
 
 
 def describe():
@@ -90,11 +102,67 @@ def describe():
     return [(name, text) for name, _, text in statuses()]
 
 
-def auto_from_metadata():
+def _keras3_model_dir(model_dir):
+    """True when a local ``model_dir`` holds keras3 checkpoints (gs:// dirs
+    would need TensorFlow to look: they count as not)."""
+    return bool(model_dir) and "://" not in str(model_dir) and os.path.isfile(
+        os.path.join(str(model_dir), KERAS3_INDEX))
+
+
+def auto_from_metadata(environ=os.environ, model_dir=None):
     """What ``--engine auto`` picks, judged from package metadata alone (for
-    launchers that should not load TensorFlow)."""
+    launchers that should not load TensorFlow): estimator where it exists,
+    else keras where tf-keras would be tf.keras (or TensorFlow 2.15 without
+    tf.estimator), else keras3 where Keras 3 is installed. A model dir the
+    keras3 engine wrote stays on keras3 where it can run."""
     available = {name: ok for name, ok, _ in statuses()}
-    return "estimator" if available["estimator"] else "keras"
+    if available["keras3"] and _keras3_model_dir(model_dir):
+        return "keras3"
+    if available["estimator"]:
+        return "estimator"
+    tf_version = keras_setup.tensorflow_installed_version()
+    old_tf = tf_version is not None and keras_setup.version_tuple(tf_version) < (2, 16)
+    if old_tf or keras_setup.legacy_keras_wanted(environ) or not available["keras3"]:
+        return "keras"
+    return "keras3"
+
+
+def prepare_keras(engine_name="auto", environ=os.environ, model_dir=None):
+    """Makes ``tf.keras`` the Keras that ``engine_name`` needs; call it before
+    TensorFlow is imported. Returns the engine it prepared for ("auto" is
+    decided by :func:`auto_from_metadata`).
+
+    keras3: Keras 3 must be installed and ``KERAS_BACKEND`` (or keras.json)
+    must name an installed backend it can train on; ``TF_USE_LEGACY_KERAS``
+    is set to "0" so that tf.keras is Keras 3 even where tf-keras is installed.
+    estimator and keras: as on import of this package, ``TF_USE_LEGACY_KERAS=1``
+    where tf-keras is installed and the variable unset.
+
+    Raises:
+      ConfigError: an unknown engine; keras3 without Keras 3, with an unknown
+        or missing backend, or after TensorFlow handed out Keras 2.
+    """
+    name = engine_name or "auto"
+    if name not in CHOICES:
+        raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(CHOICES)}.")
+    if name == "auto":
+        name = auto_from_metadata(environ, model_dir)
+    if name == "keras3":
+        check_keras3_installed()
+        keras_setup.check_backend(environ)
+        keras_setup.use_keras3(environ)
+    else:
+        keras_setup.prefer_legacy_keras(environ)
+    return name
+
+
+def check_keras3_installed():
+    """Raises ConfigError when the keras3 engine cannot run here (from metadata)."""
+    missing = keras_setup.no_keras3_message()
+    if missing:
+        raise ConfigError(f"--engine keras3 trains with Keras 3, which this environment "
+                          f"cannot run: {missing}. The estimator and keras engines need no "
+                          f"Keras 3 (`python -m experiments list` shows what runs here).")
 
 
 def keras_major_version():
@@ -208,35 +276,56 @@ def check_keras_cluster(ps=None, evaluator=None):
     check_cluster("keras", ps=ps, evaluator=evaluator)
 
 
+def check_keras3():
+    """Raises ConfigError unless the keras3 engine can run in this process:
+    Keras 3 installed and as tf.keras, on a backend it can train on."""
+    check_keras3_installed()
+    keras_setup.check_backend(os.environ)
+    keras_setup.use_keras3(os.environ)
+    if keras_major_version() != 3:
+        raise ConfigError(
+            f"the keras3 engine needs Keras 3 as tf.keras, but tf.keras does not import "
+            f"(TensorFlow {tensorflow_version()}).")
+
+
 def resolve_engine(requested="auto"):
     """The engine to train with: ``requested``, or for "auto" (or None)
-    ``estimator`` where ``tensorflow_estimator`` imports, else ``keras``.
+    ``estimator`` where ``tensorflow_estimator`` imports, else ``keras`` where
+    tf.keras is Keras 2, else ``keras3``.
 
     Raises:
       ConfigError: an unknown name, the estimator engine where the Estimator
-        does not exist, or no Keras 2.
+        does not exist, no Keras 2 for estimator or keras, no usable Keras 3
+        for keras3.
     """
     requested = requested or "auto"
     if requested not in CHOICES:
         raise ConfigError(f"unknown engine {requested!r}; expected one of {', '.join(CHOICES)}.")
+    if requested == "keras3":
+        check_keras3()
+        return requested
     available = estimator_available()
     if requested == "auto":
-        requested = "estimator" if available else "keras"
+        if available:
+            return resolve_engine("estimator")
+        if keras_major_version() == 3 and keras_setup.keras3_installed_version():
+            return resolve_engine("keras3")
+        requested = "keras"
     if requested == "estimator" and not available:
         raise ConfigError(
             f"the estimator engine needs tf.estimator, which ended with TensorFlow 2.15 and "
             f"tensorflow-estimator 2.15 (this is TensorFlow {tensorflow_version()}"
             f"{'' if importlib.util.find_spec('tensorflow_estimator') else ', without tensorflow-estimator'}"
-            f"). Use --engine keras (Model.fit) here, or install tensorflow-cpu==2.15.* and "
-            f"tensorflow-estimator==2.15.* on Python <= 3.11.")
+            f"). Use --engine keras (Model.fit) or --engine keras3 (Keras 3) here, or install "
+            f"tensorflow-cpu==2.15.* and tensorflow-estimator==2.15.* on Python <= 3.11.")
     check_keras2(requested)
     return requested
 
 
 def get_engine(name):
     """The :class:`~estimator_keras.engines.base.Engine` for a resolved name
-    ("estimator" or "keras"); imports that engine's module, and TensorFlow."""
-    if name not in ENGINES:
+    (see :data:`REGISTRY`); imports that engine's module, and TensorFlow."""
+    if name not in REGISTRY:
         raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}.")
-    module = importlib.import_module(f"estimator_keras.engines.{name}")
-    return module.EstimatorEngine() if name == "estimator" else module.KerasEngine()
+    entry = REGISTRY[name]
+    return getattr(importlib.import_module(entry.module), entry.cls)()
