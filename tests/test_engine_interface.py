@@ -62,10 +62,10 @@ def test_the_runner_never_compares_an_engine_name():
 
 def test_every_registered_engine_has_its_cluster_roles():
     for name in engines.ENGINES:
-        spec = engines.CLUSTERS[name]
-        assert "chief" in spec["tasks"], name
-        assert set(spec["tasks"]) <= {"chief", "worker", "ps", "evaluator"}, name
-        assert spec["strategies"] and set(spec["strategies"]) <= set(
+        spec = engines.REGISTRY[name].cluster
+        assert "chief" in spec.tasks, name
+        assert set(spec.tasks) <= {"chief", "worker", "ps", "evaluator"}, name
+        assert spec.strategies and set(spec.strategies) <= set(
             strategy_lib.CONCRETE_STRATEGIES), name
 
 
@@ -122,7 +122,7 @@ def test_the_cli_prepares_keras_before_tensorflow_loads():
     code = ("import sys\n"
             "from estimator_keras import engines\n"
             "from estimator_keras.errors import ConfigError\n"
-            "def record(name, environ=None):\n"
+            "def record(name, environ=None, model_dir=None):\n"
             "    print('prepare', name, 'tensorflow' in sys.modules)\n"
             "    raise ConfigError('stopped here')\n"
             "engines.prepare_keras = record\n"

@@ -69,16 +69,32 @@ def _keras3_status(tf_version):
                   f"{'' if usable else ', which it cannot train on here'})")
 
 
-Registration = collections.namedtuple("Registration", "module cls status")
+Registration = collections.namedtuple("Registration", "module cls status cluster")
+# What an engine runs of a cluster, known without importing it: launchers
+# check a cluster before any task starts, and a task before its strategy
+# exists. ``how`` says what it does instead (for refusals); ``where`` where it
+# runs (for messages that suggest it).
+Cluster = collections.namedtuple("Cluster", "tasks strategies how where", defaults=("", ""))
 
-# name -> where its Engine lives and what says whether this environment can
-# run it (a function of TensorFlow's installed version that reads metadata,
-# never imports): a new engine is one module and one line here.
+# name -> where its Engine lives, what says whether this environment can run
+# it (a function of TensorFlow's installed version that reads metadata, never
+# imports) and its cluster roles: a new engine is one module and one entry here.
 REGISTRY = {
-    "estimator": Registration("estimator_keras.engines.estimator", "EstimatorEngine",
-                              _estimator_status),
-    "keras": Registration("estimator_keras.engines.keras", "KerasEngine", _keras_status),
-    "keras3": Registration("estimator_keras.engines.keras3", "Keras3Engine", _keras3_status),
+    "estimator": Registration(
+        "estimator_keras.engines.estimator", "EstimatorEngine", _estimator_status,
+        Cluster(("chief", "worker", "ps", "evaluator"),
+                ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
+                where=" (TensorFlow 2.15)")),
+    "keras": Registration(
+        "estimator_keras.engines.keras", "KerasEngine", _keras_status,
+        Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
+                "trains with Model.fit under MultiWorkerMirroredStrategy and evaluates on "
+                "the chief")),
+    "keras3": Registration(
+        "estimator_keras.engines.keras3", "Keras3Engine", _keras3_status,
+        Cluster(("chief",), ("none", "mirrored"),
+                "trains with Keras 3's Model.fit in one process (over that machine's devices) "
+                "and evaluates there")),
 }
 ENGINES = tuple(REGISTRY)
 CHOICES = ("auto",) + ENGINES
@@ -212,23 +228,6 @@ def check_keras2(engine):
         f"when tf-keras is installed).")
 
 
-# What each engine runs of a cluster, known without importing it: launchers
-# check a cluster before any task starts, and a task before its strategy
-# exists. (TF_CONFIG task types, strategy names, what it does instead.)
-CLUSTERS = {
-    "estimator": {"tasks": ("chief", "worker", "ps", "evaluator"),
-                  "strategies": ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
-                  "how": ""},
-    "keras": {"tasks": ("chief", "worker"),
-              "strategies": ("none", "mirrored", "multi_worker_mirrored"),
-              "how": "trains with Model.fit under MultiWorkerMirroredStrategy and evaluates "
-                     "on the chief"},
-    "keras3": {"tasks": ("chief",), "strategies": ("none", "mirrored"),
-               "how": "trains with Keras 3's Model.fit in one process (over that machine's "
-                      "devices) and evaluates there"},
-}
-
-
 def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
     """Refuses what ``engine`` cannot run: parameter servers, an evaluator
     task, several training tasks, or a strategy; no TensorFlow is imported.
@@ -242,33 +241,30 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
     Raises:
       ConfigError: naming what was asked and the engine that can run it.
     """
-    spec = CLUSTERS.get(engine)
-    if spec is None:
+    if engine not in REGISTRY:
         return
+    spec = REGISTRY[engine].cluster
     asked = [a for a, task in ((workers, "worker"), (ps, "ps"), (evaluator, "evaluator"))
-             if a and task not in spec["tasks"]]
+             if a and task not in spec.tasks]
     if asked:
         asked = " and ".join(asked)
         runs_no = [text for task, text in (("worker", "other training tasks"),
                                            ("ps", "parameter servers"),
                                            ("evaluator", "evaluator task"))
-                   if task not in spec["tasks"]]
-        others = [name for name, other in CLUSTERS.items() if name != engine and all(
-            task in other["tasks"] for task, a in (("worker", workers), ("ps", ps),
-                                                   ("evaluator", evaluator)) if a)]
+                   if task not in spec.tasks]
+        others = [name for name, entry in REGISTRY.items() if name != engine and all(
+            task in entry.cluster.tasks
+            for task, a in (("worker", workers), ("ps", ps), ("evaluator", evaluator)) if a)]
         raise ConfigError(
-            f"the {engine} engine {spec['how']}: it runs no "
+            f"the {engine} engine {spec.how}: it runs no "
             f"{' and no '.join([', no '.join(runs_no[:-1]), runs_no[-1]] if len(runs_no) > 1 else runs_no)}"
             f", so {asked} cannot be used with it. Drop {asked}"
-            + (f", or use --engine {others[0]}{_WHERE.get(others[0], '')}." if others else "."))
-    if strategy and strategy != "auto" and strategy not in spec["strategies"]:
+            + (f", or use --engine {others[0]}{REGISTRY[others[0]].cluster.where}."
+               if others else "."))
+    if strategy and strategy != "auto" and strategy not in spec.strategies:
         raise ConfigError(
-            f"the {engine} engine {spec['how']}: it cannot train with --strategy {strategy}; "
-            f"use one of {', '.join(('auto',) + spec['strategies'])}.")
-
-
-# Where an engine runs, for the messages that suggest it.
-_WHERE = {"estimator": " (TensorFlow 2.15)"}
+            f"the {engine} engine {spec.how}: it cannot train with --strategy {strategy}; "
+            f"use one of {', '.join(('auto',) + spec.strategies)}.")
 
 
 def check_keras_cluster(ps=None, evaluator=None):

@@ -332,12 +332,40 @@ class Keras3Engine(base.Engine):
     def check_compatible(self, model, checkpoint):
         """Raises ModelDirError when ``checkpoint`` (keras3's, or another
         engine's TF checkpoint) does not fit ``model``: an uncompiled Keras 3
-        model such as the runner's probe, whose weights it overwrites."""
+        model such as the runner's probe. A keras3 checkpoint is loaded into
+        it (Keras 3 checks each weight as it loads); a TF checkpoint is
+        compared by structure, nothing assigned."""
         if ckpts.is_checkpoint(checkpoint):
             ckpts.restore(model, checkpoint)
         else:
             from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
-            keras3_migration.restore_tf_checkpoint(model, checkpoint)
+            keras3_migration.check_tf_checkpoint(model, checkpoint)
+
+    def export(self, model_builder, model_dir, *, checkpoint, **options):
+        """model.keras, weights.h5, saved_model/ and export.json of a keras3
+        checkpoint (:mod:`estimator_keras.keras3_export`), or of another
+        engine's TF checkpoint in a model dir not yet trained on here."""
+        # pylint: disable=import-outside-toplevel  (they import TensorFlow)
+        from estimator_keras import export as export_lib
+        from estimator_keras import keras3_export
+        if checkpoint is None or ckpts.is_checkpoint(checkpoint):
+            return keras3_export.export_model(model_builder, model_dir, checkpoint=checkpoint,
+                                              **options)
+        from estimator_keras import keras3_migration
+        model = model_builder()
+        step = keras3_migration.restore_tf_checkpoint(model, checkpoint)
+        export_dir = options.pop("export_dir", None) or io.join(model_dir,
+                                                                export_lib.EXPORT_DIR)
+        return keras3_export.write_export(model, export_dir, step=step, checkpoint=checkpoint,
+                                          **options)
+
+    def export_if_best(self, model_builder, model_dir, checkpoint, metrics, metric,
+                       higher_is_better=True, **options):
+        """``MODEL_DIR/best`` as :func:`estimator_keras.export.export_if_best`
+        keeps it, written by :meth:`export`."""
+        from estimator_keras import export as export_lib  # pylint: disable=import-outside-toplevel
+        return export_lib.export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
+                                         higher_is_better, exporter=self.export, **options)
 
     def latest_checkpoint(self, model_dir):
         """The checkpoint a run on ``model_dir`` continues from: the newest
