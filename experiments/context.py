@@ -12,7 +12,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, inputs, manifest, precision, records
+from estimator_keras import engines, inputs, manifest, precision, records
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config
 from estimator_keras.engines import base, optimizers
@@ -53,16 +53,10 @@ def header_line(config, strategy_name, replicas, info, engine_name):
 
 def engine_for(requested, model_dir):
     """resolve_engine, except that "auto" keeps a model dir with the engine
-    that wrote its checkpoint where this environment can run that engine
-    (the Estimator cannot restore the keras engine's checkpoints)."""
-    if (requested or "auto") == "auto":
-        latest = tf.train.latest_checkpoint(str(model_dir))
-        if latest:
-            writer = checkpoints.checkpoint_engine(latest)
-            runnable = {name for name, ok, _ in engines.statuses() if ok}
-            if writer != engines.auto_from_metadata() and writer in runnable:
-                requested = writer
-    return engines.resolve_engine(requested)
+    that wrote its checkpoint where this process can run that engine (the
+    Estimator cannot restore the keras engine's checkpoints, Keras 2 cannot
+    read keras3's); see :func:`estimator_keras.engines.auto_for_model_dir`."""
+    return engines.resolve_engine(requested, model_dir=model_dir)
 
 
 def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1):
@@ -231,6 +225,8 @@ class RunContext:
                            f"variables and exports stay float32")
         tf.keras.utils.set_random_seed(seed)
         probe = experiment.make_model(config.model, data)
+        engines.check_model_keras(probe, engine_obj.name,
+                                  source=f"experiment {config.name}'s model builder")
         check_inputs(probe, config, dataset_path)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed)
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,

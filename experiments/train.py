@@ -22,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, export as export_lib, io, manifest, summaries
+from estimator_keras import engines, export as export_lib, io, manifest, summaries
 from estimator_keras import tf_errors, verify
 from estimator_keras.cloud import hypertune
 from estimator_keras.engines import base
@@ -260,7 +260,7 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
     dataset_path = context_lib.ensure_data(config, data_dir, source_dir)
     data = data_info.describe(manifest.load_manifest(dataset_path), config.data)
     checkpoint = engine.require_checkpoint(model_dir)
-    engine.check_compatible(experiment.make_model(config.model, data), checkpoint)
+    engine.check_compatible(_checked_model(experiment, config, data, engine), checkpoint)
     _, eval_fn = context_lib.input_fns(config, dataset_path)
     plan = context_lib.experiment_plan(experiment, config, data, model_dir=model_dir,
                                        eval_data=eval_fn)
@@ -268,14 +268,17 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
 
 
 def export(experiment, config, *, model_dir, data_dir=None, export_dir=None, force=False):
-    """Exports the latest checkpoint of ``model_dir`` (model.h5, weights.h5,
-    saved_model/, export.json as ``train`` writes it). Returns (export dir,
+    """Exports the latest checkpoint of ``model_dir`` with the engine that
+    continues it (see :func:`experiments.context.engine_for`), as ``train``
+    writes it: model.h5 or (keras3) model.keras, weights.h5, saved_model/,
+    export.json. Returns (export dir,
     whether it was written): an export of that checkpoint whose export.json
     is at least as complete is left as it is, unless ``force``.
 
     The metrics go into export.json when an evaluation of that checkpoint is
     on record (the train run's export, or the best-model export)."""
-    checkpoint = checkpoints.latest_checkpoint(model_dir)
+    engine = engines.get_engine(context_lib.engine_for("auto", model_dir))
+    checkpoint = engine.require_checkpoint(model_dir)
     target = export_dir or io.join(model_dir, export_lib.EXPORT_DIR)
     export_lib.recover_export(target)
     export_lib.remove_stale_staging(target)
@@ -299,13 +302,21 @@ def export(experiment, config, *, model_dir, data_dir=None, export_dir=None, for
         dataset_path = None  # the model dir's record says what the model needs
     else:
         schema, data = found.schema, data_info.describe(found, config.data)
-    written = export_lib.export_model(
-        lambda: experiment.make_model(config.model, data), model_dir, checkpoint=checkpoint,
-        schema=schema, features=config.data.features, export_dir=export_dir,
-        metadata=export_metadata(config, checkpoints.checkpoint_engine(checkpoint),
-                                 dataset_path, known),
+    written = engine.export(
+        lambda: _checked_model(experiment, config, data, engine), model_dir,
+        checkpoint=checkpoint, schema=schema, features=config.data.features,
+        export_dir=export_dir,
+        metadata=export_metadata(config, engine.written_by(checkpoint), dataset_path, known),
         class_names=data.class_names if data is not None else None)
     return written, True
+
+
+def _checked_model(experiment, config, data, engine):
+    """The experiment's model, refused when it is not the engine's Keras."""
+    model = experiment.make_model(config.model, data)
+    engines.check_model_keras(model, engine.name,
+                              source=f"experiment {config.name}'s model builder")
+    return model
 
 
 @contextlib.contextmanager

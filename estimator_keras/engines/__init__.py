@@ -69,7 +69,7 @@ def _keras3_status(tf_version):
                   f"{'' if usable else ', which it cannot train on here'})")
 
 
-Registration = collections.namedtuple("Registration", "module cls status cluster")
+Registration = collections.namedtuple("Registration", "module cls status keras cluster")
 # What an engine runs of a cluster, known without importing it: launchers
 # check a cluster before any task starts, and a task before its strategy
 # exists. ``how`` says what it does instead (for refusals); ``where`` where it
@@ -78,20 +78,21 @@ Cluster = collections.namedtuple("Cluster", "tasks strategies how where", defaul
 
 # name -> where its Engine lives, what says whether this environment can run
 # it (a function of TensorFlow's installed version that reads metadata, never
-# imports) and its cluster roles: a new engine is one module and one entry here.
+# imports), the Keras major version it needs as tf.keras, and its cluster
+# roles: a new engine is one module and one entry here.
 REGISTRY = {
     "estimator": Registration(
-        "estimator_keras.engines.estimator", "EstimatorEngine", _estimator_status,
+        "estimator_keras.engines.estimator", "EstimatorEngine", _estimator_status, 2,
         Cluster(("chief", "worker", "ps", "evaluator"),
                 ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
                 where=" (TensorFlow 2.15)")),
     "keras": Registration(
-        "estimator_keras.engines.keras", "KerasEngine", _keras_status,
+        "estimator_keras.engines.keras", "KerasEngine", _keras_status, 2,
         Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
                 "trains with Model.fit under MultiWorkerMirroredStrategy and evaluates on "
                 "the chief")),
     "keras3": Registration(
-        "estimator_keras.engines.keras3", "Keras3Engine", _keras3_status,
+        "estimator_keras.engines.keras3", "Keras3Engine", _keras3_status, 3,
         Cluster(("chief",), ("none", "mirrored"),
                 "trains with Keras 3's Model.fit in one process (over that machine's devices) "
                 "and evaluates there")),
@@ -284,10 +285,37 @@ def check_keras3():
             f"(TensorFlow {tensorflow_version()}).")
 
 
-def resolve_engine(requested="auto"):
-    """The engine to train with: ``requested``, or for "auto" (or None)
-    ``estimator`` where ``tensorflow_estimator`` imports, else ``keras`` where
-    tf.keras is Keras 2, else ``keras3``.
+def auto_for_model_dir(model_dir):
+    """What ``--engine auto`` continues ``model_dir`` with, once
+    :func:`prepare_keras` has chosen tf.keras: the engine that wrote its
+    newest checkpoint where that engine runs in this process (installed, and
+    its Keras is tf.keras), else "auto". So a keras3 model dir stays on
+    keras3, and a TF checkpoint whose engine cannot run here goes to the
+    engine "auto" picks (keras3 where tf.keras is Keras 3: it continues the
+    checkpoint by structure). Imports TensorFlow."""
+    if not model_dir:
+        return "auto"
+    runnable = {name for name, ok, _ in statuses() if ok}
+    major = keras_major_version()
+    if _keras3_model_dir(model_dir):
+        writer = "keras3"
+    else:
+        # pylint: disable=import-outside-toplevel  (TensorFlow, after prepare_keras)
+        import tensorflow as tf
+        from estimator_keras import checkpoints
+        latest = tf.train.latest_checkpoint(str(model_dir))
+        writer = checkpoints.checkpoint_engine(latest) if latest else None
+    if writer in runnable and REGISTRY[writer].keras == major:
+        return writer
+    return "auto"
+
+
+def resolve_engine(requested="auto", model_dir=None):
+    """The engine to train with: ``requested``, or for "auto" (or None) the
+    engine that wrote ``model_dir``'s checkpoint where it runs here (see
+    :func:`auto_for_model_dir`), else ``estimator`` where
+    ``tensorflow_estimator`` imports, else ``keras`` where tf.keras is Keras
+    2, else ``keras3``.
 
     Raises:
       ConfigError: an unknown name, the estimator engine where the Estimator
@@ -297,6 +325,8 @@ def resolve_engine(requested="auto"):
     requested = requested or "auto"
     if requested not in CHOICES:
         raise ConfigError(f"unknown engine {requested!r}; expected one of {', '.join(CHOICES)}.")
+    if requested == "auto" and model_dir:
+        requested = auto_for_model_dir(model_dir)
     if requested == "keras3":
         check_keras3()
         return requested

@@ -220,6 +220,11 @@ class Engine(abc.ABC):
         :func:`estimator_keras.export.export_if_best` (options: schema,
         features, log, class_names)."""
 
+    def written_by(self, checkpoint):
+        """The engine that wrote ``checkpoint`` (one :meth:`latest_checkpoint`
+        returned), for export.json; the default: this engine."""
+        return self.name
+
     def require_checkpoint(self, model_dir):
         """:meth:`latest_checkpoint`; ModelDirError when there is none."""
         found = self.latest_checkpoint(model_dir)
@@ -250,8 +255,17 @@ class TFCheckpointEngine(Engine):
     # pylint: disable=import-outside-toplevel
 
     def latest_checkpoint(self, model_dir):
+        """The newest TF checkpoint; ModelDirError where the keras3 engine has
+        checkpointed (Keras 2 cannot read its files, and an older TF
+        checkpoint beside them would lose its steps)."""
         import tensorflow as tf
+        from estimator_keras import checkpoints
+        checkpoints.check_not_keras3(model_dir, self.name)
         return tf.train.latest_checkpoint(str(model_dir))
+
+    def written_by(self, checkpoint):
+        from estimator_keras import checkpoints
+        return checkpoints.checkpoint_engine(checkpoint)
 
     def checkpoint_step(self, checkpoint):
         from estimator_keras import checkpoints

@@ -372,6 +372,12 @@ class Keras3Engine(base.Engine):
         keras3 checkpoint, else another engine's TF checkpoint, else None."""
         return ckpts.latest(model_dir) or _tf_checkpoint(model_dir)
 
+    def written_by(self, checkpoint):
+        if ckpts.is_checkpoint(checkpoint):
+            return self.name
+        from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
+        return checkpoints.checkpoint_engine(checkpoint)
+
     def checkpoint_step(self, checkpoint):
         """The step of a keras3 checkpoint or of another engine's TF checkpoint."""
         if ckpts.is_checkpoint(checkpoint):
