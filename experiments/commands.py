@@ -167,8 +167,13 @@ def describe_evaluation(evaluated):
 
 def print_export(export_dir):
     if export_dir:
-        print(f"exported: {io.join(export_dir, 'model.h5')}  (Keras model, "
-              f"load_model(path, compile=False))")
+        # The keras3 engine writes Keras 3's own file, the others HDF5.
+        keras3 = io.join(export_dir, "model.keras")
+        if io.exists(keras3):
+            print(f"exported: {keras3}  (Keras 3 model, keras.saving.load_model(path))")
+        else:
+            print(f"exported: {io.join(export_dir, 'model.h5')}  (Keras model, "
+                  f"load_model(path, compile=False))")
         print(f"          {io.join(export_dir, 'weights.h5')}  (weights only)")
         print(f"          {io.join(export_dir, 'saved_model')}  (SavedModel)")
 
