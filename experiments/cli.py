@@ -109,6 +109,8 @@ def _setup_logging(verbose):
     # TensorFlow's Python logger is chatty at INFO; keep its warnings.
     logging.getLogger("tensorflow").setLevel(logging.INFO if verbose else logging.ERROR)
     logging.getLogger("absl").setLevel(logging.INFO if verbose else logging.ERROR)
+    # JAX (keras3 engine) reports each accelerator platform it did not find at INFO.
+    logging.getLogger("jax").setLevel(logging.INFO if verbose else logging.WARNING)
 
 
 # Commands that import TensorFlow (the others stay fast without it).
