@@ -47,22 +47,40 @@ def kill_group(proc):
 
 
 def latest_step(model_dir):
-    """Step of the checkpoint the model dir's ``checkpoint`` file names (what
-    a restart restores), or None."""
+    """Step of the checkpoint a restart restores, or None: the one the model
+    dir's ``checkpoint`` file names, or the keras3 engine's index names."""
     path = os.path.join(str(model_dir), "checkpoint")
-    if not os.path.exists(path):
+    keras3_index = os.path.join(str(model_dir), "keras3-checkpoints.json")
+    if os.path.exists(keras3_index):
+        with open(keras3_index) as f:
+            match = re.search(r'"latest": "ckpt-(\d+)\.weights\.h5"', f.read())
+    elif os.path.exists(path):
+        with open(path) as f:
+            match = re.search(r'^model_checkpoint_path: ".*?model\.ckpt-(\d+)"', f.read(), re.M)
+    else:
         return None
-    with open(path) as f:
-        match = re.search(r'^model_checkpoint_path: ".*?model\.ckpt-(\d+)"', f.read(), re.M)
     return int(match.group(1)) if match else None
 
 
 def checkpoint_steps(model_dir):
-    """Steps of the checkpoints in model_dir, ascending."""
+    """Steps of the checkpoints in model_dir (TF checkpoints, or the keras3
+    engine's weights files), ascending."""
     model_dir = str(model_dir)
     names = os.listdir(model_dir) if os.path.isdir(model_dir) else []
-    return sorted(int(m.group(1)) for m in (
-        re.match(r"model\.ckpt-(\d+)\.index$", n) for n in names) if m)
+    found = (re.match(r"model\.ckpt-(\d+)\.index$|ckpt-(\d+)\.weights\.h5$", n) for n in names)
+    return sorted(int(m.group(1) or m.group(2)) for m in found if m)
+
+
+def checkpoint_name(step):
+    """A pattern for the name of the checkpoint of ``step`` in log lines, of
+    any engine (``model.ckpt-150``, ``ckpt-150.weights.h5``)."""
+    return rf"(?:model\.)?ckpt-{int(step)}\b"
+
+
+def export_model_file(export_dir):
+    """The export's Keras model file: model.keras (keras3), else model.h5."""
+    keras3 = os.path.join(str(export_dir), "model.keras")
+    return keras3 if os.path.exists(keras3) else os.path.join(str(export_dir), "model.h5")
 
 
 # Makes any import of this package fail, even where it is installed (tox).

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from support import checkpoint_steps, cli, kill_group, latest_step, start_cli
+from support import (checkpoint_name, checkpoint_steps, cli, export_model_file, kill_group,
+                     latest_step, start_cli)
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,8 @@ def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_data, tmp_path):
     assert rc == 0, err[-3000:]
     accuracy = float(re.search(r"accuracy (\d\.\d+)", out).group(1))
     assert accuracy > 0.55, out  # chance is 0.10
-    assert str(model_dir / "export" / "model.h5") in out
+    # model.h5, or model.keras where --engine auto is keras3.
+    assert export_model_file(model_dir / "export") in out
     assert "examples/s" in err and "batch size 64 per replica" in err
     info = json.loads((model_dir / "export" / "export.json").read_text())
     assert info["global_step"] == 150 and info["experiment"] == "fashion_mnist_cnn"
@@ -57,8 +59,8 @@ def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_data, tmp_path):
                        "--export-dir", tmp_path / "again", "--data-dir", fashion_data)
     assert rc == 0, err[-2000:]
     import tensorflow as tf
-    first = tf.keras.models.load_model(model_dir / "export" / "model.h5", compile=False)
-    second = tf.keras.models.load_model(tmp_path / "again" / "model.h5", compile=False)
+    first = tf.keras.models.load_model(export_model_file(model_dir / "export"), compile=False)
+    second = tf.keras.models.load_model(export_model_file(tmp_path / "again"), compile=False)
     assert len(first.get_weights()) == 8
     for a, b in zip(first.get_weights(), second.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -68,7 +70,7 @@ def test_train_end_to_end_on_real_fashion_mnist_slice(fashion_data, tmp_path):
                        "--model-dir", model_dir, "--max-steps", 200, "--eval-every", 50,
                        "--batch-size", 64)
     assert rc == 0, err[-3000:]
-    assert "resuming from" in err and "model.ckpt-150" in err
+    assert "resuming from" in err and re.search(checkpoint_name(150), err)
     assert checkpoint_steps(model_dir)[-1] == 200
     assert json.loads((model_dir / "export" / "export.json").read_text())["global_step"] == 200
 
@@ -82,7 +84,7 @@ def test_shapes_unet_trains_and_exports(tmp_path):
                        "--batch-size", 8)
     assert rc == 0, err[-3000:]
     assert "mean_iou" in out and "pixel_accuracy" in out
-    assert (tmp_path / "run" / "export" / "model.h5").exists()
+    assert os.path.exists(export_model_file(tmp_path / "run" / "export"))
     assert (tmp_path / "run" / "export" / "saved_model" / "saved_model.pb").exists()
 
 
@@ -110,7 +112,7 @@ def test_sigkilled_train_resumes_and_finishes(fashion_data, tmp_path):
                        "--model-dir", model_dir, "--max-steps", target, "--eval-every", 40,
                        "--batch-size", 32)
     assert rc == 0, err[-3000:]
-    assert f"model.ckpt-{killed_at}" in err  # resumed, not restarted
+    assert re.search(checkpoint_name(killed_at), err)  # resumed, not restarted
     assert "stale lock" in err
     assert checkpoint_steps(model_dir)[-1] == target
     assert not (model_dir / ".train.lock").exists()
