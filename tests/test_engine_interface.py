@@ -135,3 +135,33 @@ def test_the_cli_prepares_keras_before_tensorflow_loads():
         assert proc.returncode == 2, proc.stderr
         assert proc.stdout.split() == ["prepare", engine, "False"]
         assert "stopped here" in proc.stderr
+
+
+def test_auto_continues_a_model_dir_with_the_engine_that_wrote_it(tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    runnable = {name for name, ok, _ in engines.statuses() if ok}
+    keras = engines.keras_major_version()
+    estimator_dir, keras_dir, keras3_dir = (tmp_path / n for n in ("est", "keras", "keras3"))
+    # The Estimator's checkpoints hold its global step; the keras engine's do not.
+    tf.train.Checkpoint(estimator_global_step=tf.Variable(7, dtype=tf.int64)).save(
+        str(estimator_dir / "model.ckpt"))
+    tf.train.Checkpoint(kernel=tf.Variable(1.0)).save(str(keras_dir / "model.ckpt"))
+    keras3_dir.mkdir()
+    (keras3_dir / engines.KERAS3_INDEX).write_text('{"latest": "ckpt-5.weights.h5", "all": []}')
+
+    assert engines.auto_for_model_dir(None) == "auto"
+    assert engines.auto_for_model_dir(tmp_path) == "auto"  # no checkpoint
+    # Each stays with its writer where that engine runs with this tf.keras ...
+    assert engines.auto_for_model_dir(estimator_dir) == (
+        "estimator" if "estimator" in runnable and keras == 2 else "auto")
+    assert engines.auto_for_model_dir(keras_dir) == (
+        "keras" if "keras" in runnable and keras == 2 else "auto")
+    assert engines.auto_for_model_dir(keras3_dir) == (
+        "keras3" if "keras3" in runnable and keras == 3 else "auto")
+    # ... and where tf.keras is Keras 3, a TF checkpoint goes to keras3 (migration).
+    if keras == 3:
+        assert engines.resolve_engine("auto", model_dir=keras_dir) == "keras3"
+        assert engines.resolve_engine("auto", model_dir=estimator_dir) == "keras3"
+    else:
+        assert engines.resolve_engine("auto", model_dir=keras_dir) == "keras"
