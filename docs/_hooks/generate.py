@@ -48,7 +48,7 @@ def on_files(files, config):
     # which resolve from the page benchmarks.md as they do in the repository.
     for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "published", "*"))):
         name = os.path.basename(path)
-        if name.endswith((".png", ".json")):
+        if name.endswith((".png", ".json", ".txt")):
             files.append(File.generated(config, f"benchmarks/published/{name}",
                                         abs_src_path=path))
     return files
