@@ -50,7 +50,7 @@ _EXPORTS = {
     "FeatureSpec": "estimator_keras.schema",
     **{name: "estimator_keras.errors" for name in (
         "EstimatorKerasError", "UsageError", "ConfigError", "ClusterConfigError",
-        "DataError", "SchemaError", "CorruptRecordError", "ModelDirError",
+        "DataError", "SchemaError", "CorruptRecordError", "ModelDirError", "EngineMismatchError",
         "NumericalError", "CloudError")},
 }
 

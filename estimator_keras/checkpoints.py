@@ -16,7 +16,7 @@ import tempfile
 import tensorflow as tf
 
 from estimator_keras import io
-from estimator_keras.errors import ModelDirError
+from estimator_keras.errors import EngineMismatchError, ModelDirError
 
 _STEP_KEYS = ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step",
               "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",
@@ -97,7 +97,7 @@ def check_not_keras3(model_dir, engine):
     found = keras3_checkpoint(model_dir)
     if found is None:
         return
-    raise ModelDirError(
+    raise EngineMismatchError(
         f"{model_dir} was trained by the keras3 engine (Keras 3): its checkpoint {found} is a "
         f"Keras 3 weights file, which the {engine} engine (Keras 2) cannot restore. Continue "
         f"this model dir with --engine keras3, or move the weights to a new --model-dir by "

@@ -49,6 +49,11 @@ class ModelDirError(EstimatorKerasError):
     """A model directory is unusable: wrong architecture, locked, unwritable."""
 
 
+class EngineMismatchError(ModelDirError, UsageError):
+    """The chosen engine cannot read the model dir's checkpoints (another
+    engine wrote them): a wrong ``--engine``, so a usage error (exit 2)."""
+
+
 class NumericalError(EstimatorKerasError):
     """Training produced a NaN or infinite loss."""
 

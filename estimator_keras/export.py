@@ -33,9 +33,8 @@ import tensorflow as tf
 
 from estimator_keras import checkpoints, io
 from estimator_keras.errors import ModelDirError
-from estimator_keras.inputs import parse_examples_fn
-from estimator_keras.schema import feature_map
 from estimator_keras.modeldir import pid_alive
+from estimator_keras.signatures import serving_signatures
 
 logger = logging.getLogger(__name__)
 
@@ -45,54 +44,13 @@ EXPORT_INFO = "export.json"
 
 
 def serving_functions(model, schema=None, features=None, class_names=None):
-    """The two SavedModel signatures: raw inputs, and serialized Examples.
-    With ``class_names``, a classifier's signatures also return
-    ``class_name``, the name of the most probable class."""
+    """The two SavedModel signatures of a Keras 2 model (see
+    :func:`estimator_keras.signatures.serving_signatures`)."""
     specs = {name: tf.TensorSpec(shape=t.shape, dtype=t.dtype, name=name)
              for name, t in zip(model.input_names, model.inputs)}
-    names = _class_names_for(model, class_names)
-
-    def outputs(inputs):
-        result = _outputs_dict(model, model(inputs, training=False))
-        if names is not None:
-            probabilities = result[model.output_names[0]]
-            result["class_name"] = tf.gather(names, tf.argmax(probabilities, axis=-1))
-        return result
-
-    @tf.function(input_signature=[specs])
-    def serve_raw(inputs):
-        return outputs(inputs)
-
-    signatures = {"serving_default": serve_raw}
-    if schema is not None:
-        mapping = feature_map(schema, features, label=None) if features is not None else {
-            n: n for n in model.input_names}
-        parse = parse_examples_fn(schema, mapping)
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-        def serve_examples(examples):
-            inputs = parse(examples)
-            return outputs({k: tf.cast(v, specs[k].dtype) for k, v in inputs.items()})
-
-        signatures["serve_examples"] = serve_examples
-    return signatures
-
-
-def _class_names_for(model, class_names):
-    """The names as a string tensor when the model is a classifier over
-    exactly those classes (one output of shape (batch, classes)), else None."""
-    if not class_names or len(model.outputs) != 1:
-        return None
-    shape = model.outputs[0].shape
-    if shape.rank != 2 or shape[-1] != len(class_names):
-        return None
-    return tf.constant([str(n) for n in class_names])
-
-
-def _outputs_dict(model, outputs):
-    if not isinstance(outputs, (list, tuple)):
-        outputs = [outputs]
-    return dict(zip(model.output_names, outputs))
+    return serving_signatures(lambda inputs: model(inputs, training=False), specs,
+                              list(model.output_names), [t.shape for t in model.outputs],
+                              schema=schema, features=features, class_names=class_names)
 
 
 def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, features=None,

@@ -43,8 +43,8 @@ import tensorflow as tf
 from estimator_keras import io
 from estimator_keras import export as export_lib
 from estimator_keras.errors import ModelDirError, TensorFlowError
-from estimator_keras.inputs import parse_examples_fn
-from estimator_keras.schema import FeatureSpec, feature_map, schema_to_json
+from estimator_keras.schema import FeatureSpec, schema_to_json
+from estimator_keras.signatures import serving_signatures
 
 MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "weights.h5"
@@ -155,53 +155,19 @@ def _set_name_list(node, key, names):
 
 def serving_functions(model, schema=None, features=None, class_names=None):
     """The signatures of today's exports as tf.functions over a Keras 3
-    model on the TensorFlow backend: ``serving_default`` on raw inputs and,
-    with a schema, ``serve_examples`` on serialized Examples."""
+    model on the TensorFlow backend (see
+    :func:`estimator_keras.signatures.serving_signatures`)."""
     specs = {t.name: tf.TensorSpec(shape=t.shape, dtype=tf.as_dtype(str(t.dtype)), name=t.name)
              for t in model.inputs}
     input_names = [t.name for t in model.inputs]
-    names = _class_names_for(model, class_names)
 
-    def outputs(inputs):
+    def call(inputs):
         values = [inputs[n] for n in input_names]
-        result = model(values[0] if len(values) == 1 else values, training=False)
-        if not isinstance(result, (list, tuple)):
-            result = [result]
-        result = dict(zip(model.output_names, result))
-        if names is not None:
-            probabilities = result[model.output_names[0]]
-            result["class_name"] = tf.gather(names, tf.argmax(probabilities, axis=-1))
-        return result
+        return model(values[0] if len(values) == 1 else values, training=False)
 
-    @tf.function(input_signature=[specs], autograph=False)
-    def serve_raw(inputs):
-        return outputs(inputs)
-
-    signatures = {"serving_default": serve_raw}
-    if schema is not None:
-        mapping = feature_map(schema, features, label=None) if features is not None else {
-            n: n for n in input_names}
-        parse = parse_examples_fn(schema, mapping)
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
-                     autograph=False)
-        def serve_examples(examples):
-            inputs = parse(examples)
-            return outputs({k: tf.cast(v, specs[k].dtype) for k, v in inputs.items()})
-
-        signatures["serve_examples"] = serve_examples
-    return signatures
-
-
-def _class_names_for(model, class_names):
-    """The names as a string tensor when the model is a classifier over
-    exactly those classes (one output of shape (batch, classes)), else None."""
-    if not class_names or len(model.outputs) != 1:
-        return None
-    shape = tuple(model.outputs[0].shape)
-    if len(shape) != 2 or shape[-1] != len(class_names):
-        return None
-    return tf.constant([str(n) for n in class_names])
+    return serving_signatures(call, specs, list(model.output_names),
+                              [t.shape for t in model.outputs], schema=schema,
+                              features=features, class_names=class_names, autograph=False)
 
 
 def write_saved_model(model, path, schema=None, features=None, class_names=None):

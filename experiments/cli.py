@@ -49,8 +49,8 @@ def build_parser():
     p.add_argument("--json", action="store_true",
                    help="print the metrics as one JSON object (for scripts)")
 
-    p = sub.add_parser("export", help="export the latest checkpoint to model.h5, "
-                                      "weights.h5 and saved_model/")
+    p = sub.add_parser("export", help="export the latest checkpoint to model.h5 (model.keras "
+                                      "on keras3), weights.h5 and saved_model/")
     train_flags.add_run_flags(p)
     p.add_argument("--export-dir", metavar="DIR", help="default MODEL_DIR/export")
     p.add_argument("--force", action="store_true",

@@ -25,16 +25,13 @@ PAIRS = ("estimator", "keras", "keras3-tensorflow", "keras3-jax")
 
 _PROBE = """
 import importlib.metadata as m, importlib.util as u, json
-def version(*names):
-    for n in names:
-        try:
-            return m.version(n)
-        except m.PackageNotFoundError:
-            pass
-print(json.dumps({"tf": version("tensorflow", "tensorflow-cpu", "tensorflow-gpu"),
-                  "estimator": u.find_spec("tensorflow_estimator") is not None,
+versions = {(d.metadata["Name"] or "").lower().replace("_", "-"): d.version
+            for d in m.distributions()}
+tf = next((versions[n] for n in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu")
+           if n in versions), None)
+print(json.dumps({"tf": tf, "estimator": u.find_spec("tensorflow_estimator") is not None,
                   "tf_keras": u.find_spec("tf_keras") is not None,
-                  "keras": version("keras"), "jax": u.find_spec("jax") is not None}))
+                  "keras": versions.get("keras"), "jax": u.find_spec("jax") is not None}))
 """
 
 
@@ -78,7 +75,10 @@ def interpreter(pair):
     for python in candidates:
         facts = _facts(python)
         if facts and _fits(pair, facts):
-            extra = {"estimator": {}, "keras": {"TF_USE_LEGACY_KERAS": "1"},
+            # Set for every pair: a test run from the keras env has it at 1,
+            # which TensorFlow 2.15 without tf-keras cannot honour.
+            extra = {"estimator": {"TF_USE_LEGACY_KERAS": "0"},
+                     "keras": {"TF_USE_LEGACY_KERAS": "1"},
                      "keras3-tensorflow": {"TF_USE_LEGACY_KERAS": "0",
                                            "KERAS_BACKEND": "tensorflow"},
                      "keras3-jax": {"TF_USE_LEGACY_KERAS": "0", "KERAS_BACKEND": "jax"}}[pair]
@@ -100,3 +100,17 @@ def run(pair, script, *args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{pair} child failed:\n{proc.stderr[-4000:]}"
     return proc.stdout
+
+
+def once_per_pair(make):
+    """A getter that skips a pair without an interpreter, else returns
+    ``make(pair)``, computed once per pair."""
+    cache = {}
+
+    def get(pair):
+        interpreter(pair)  # skips a missing pair with the reason
+        if pair not in cache:
+            cache[pair] = make(pair)
+        return cache[pair]
+
+    return get

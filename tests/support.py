@@ -1,6 +1,8 @@
 """Helpers shared by the tests: running the CLI and fresh interpreters,
 ending what they start, reading checkpoints."""
 
+import importlib.metadata
+import importlib.util
 import os
 import re
 import signal
@@ -8,8 +10,28 @@ import struct
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def keras3_installed():
+    try:
+        return int(importlib.metadata.version("keras").split(".")[0]) >= 3
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+# The keras3 engine's backends as test parameters, each skipped where it
+# cannot run.
+KERAS3_BACKENDS = [
+    pytest.param("tensorflow", marks=pytest.mark.skipif(
+        not keras3_installed(), reason="Keras 3 is not installed (TensorFlow <= 2.15)")),
+    pytest.param("jax", marks=pytest.mark.skipif(
+        not keras3_installed() or importlib.util.find_spec("jax") is None,
+        reason="Keras 3 or JAX is not installed (pip install -e '.[jax]')")),
+]
 
 
 def child_env(**extra):

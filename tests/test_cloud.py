@@ -836,3 +836,11 @@ def test_dockerfile_installs_the_readme_extras_per_build_arg(tmp_path):
                 assert extra in extras, extra
     rc, lines, err = run("torch", "cpu")
     assert rc == 2 and lines == [] and "STACK is estimator or keras" in err
+
+
+def test_submit_refuses_keras3_with_what_to_use():
+    with pytest.raises(ConfigError) as e:
+        make_spec(engine="keras3").validate()
+    message = str(e.value)
+    assert "--engine keras3 cannot be submitted yet" in message
+    assert "--engine keras or estimator" in message and "train --engine keras3" in message

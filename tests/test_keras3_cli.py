@@ -3,35 +3,17 @@ the tensorflow and the jax backend (issue 23, items 2, 4 and 5 through the
 CLI): a few steps on a real Fashion-MNIST slice, the export's three files,
 a rerun that trains nothing, and evaluate/export of the model dir."""
 
-import importlib.metadata
-import importlib.util
 import json
 import re
 
 import pytest
 
-from support import child_env, cli
+from support import KERAS3_BACKENDS, child_env, cli
 
 pytestmark = pytest.mark.slow
 
 
-def _keras3_installed():
-    try:
-        return int(importlib.metadata.version("keras").split(".")[0]) >= 3
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-BACKENDS = [
-    pytest.param("tensorflow", marks=pytest.mark.skipif(
-        not _keras3_installed(), reason="Keras 3 is not installed (TensorFlow <= 2.15)")),
-    pytest.param("jax", marks=pytest.mark.skipif(
-        not _keras3_installed() or importlib.util.find_spec("jax") is None,
-        reason="Keras 3 or JAX is not installed (pip install -e '.[jax]')")),
-]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", KERAS3_BACKENDS)
 def test_keras3_train_rerun_evaluate_export(backend, fashion_data, tmp_path):
     env = child_env(KERAS_BACKEND=backend)
     model_dir = tmp_path / "run"

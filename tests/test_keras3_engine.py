@@ -9,7 +9,6 @@ start-up); the signal tests need children of their own. A backend that is
 not installed is skipped, and everything is skipped without Keras 3.
 """
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -23,28 +22,12 @@ import numpy as np
 import pytest
 
 from estimator_keras.engines import keras3_checkpoints as ckpts
-from support import ROOT, child_env, kill_group
+from support import KERAS3_BACKENDS, ROOT, child_env, kill_group
 
 pytestmark = pytest.mark.slow
 
 CHILD = os.path.join(ROOT, "tests", "keras3_child.py")
 CHILD_TIMEOUT = 600
-
-
-def _keras3_installed():
-    try:
-        return int(importlib.metadata.version("keras").split(".")[0]) >= 3
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-BACKENDS = [
-    pytest.param("tensorflow", marks=pytest.mark.skipif(
-        not _keras3_installed(), reason="Keras 3 is not installed (TensorFlow <= 2.15)")),
-    pytest.param("jax", marks=pytest.mark.skipif(
-        not _keras3_installed() or importlib.util.find_spec("jax") is None,
-        reason="Keras 3 or JAX is not installed (pip install -e '.[jax]')")),
-]
 
 
 def _env(backend):
@@ -88,7 +71,7 @@ def data_dir(tmp_path_factory):
     return directory
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=KERAS3_BACKENDS)
 def scenarios(request, data_dir, tmp_path_factory):
     """The in-process scenarios' results on one backend (see keras3_child.run_all)."""
     model_dir = tmp_path_factory.mktemp(f"keras3-{request.param}")
@@ -219,7 +202,7 @@ def _latest_step(model_dir):
     return ckpts.step_of(latest) if latest else None
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", KERAS3_BACKENDS)
 def test_sigkill_and_sigterm_resume_from_the_last_checkpoint(backend, data_dir, tmp_path):
     model_dir = tmp_path / "run"
     forever = dict(max_steps=100000, eval_every_steps=5, log_every_steps=100000)
@@ -285,7 +268,7 @@ print("RESULT " + json.dumps(keras_engine.KerasEngine().train(plan).metrics))
 """
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", KERAS3_BACKENDS)
 def test_continues_a_model_dir_of_the_keras_engine(backend, data_dir, tmp_path):
     keras_envs = pytest.importorskip("keras_envs")
     if importlib.util.find_spec("estimator_keras.keras3_migration") is None:

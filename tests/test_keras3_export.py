@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from keras_envs import PAIRS, interpreter, run
+from keras_envs import PAIRS, interpreter, once_per_pair, run
 from support import NO_PACKAGE
 
 pytestmark = pytest.mark.slow
@@ -98,15 +98,8 @@ def written(tmp_path_factory):
 @pytest.fixture(scope="module")
 def read(written):
     """reader pair -> writer pair -> builder -> largest prediction difference."""
-    results = {}
-
-    def get(reader):
-        interpreter(reader)  # skips a missing reader with its reason
-        if reader not in results:
-            results[reader] = json.loads(run(reader, _READ, json.dumps(written)).splitlines()[-1])
-        return results[reader]
-
-    return get
+    return once_per_pair(
+        lambda reader: json.loads(run(reader, _READ, json.dumps(written)).splitlines()[-1]))
 
 
 @pytest.mark.parametrize("reader", PAIRS)

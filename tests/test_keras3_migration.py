@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from keras_envs import interpreter, run
+from keras_envs import interpreter, once_per_pair, run
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ _TRAIN = textwrap.dedent(f"""
     from experiments import models
     from estimator_keras import checkpoints, inputs, records
     from estimator_keras.engines import base
-    from estimator_keras.errors import ModelDirError
+    from estimator_keras.errors import ModelDirError, UsageError
 
     engine_name, out = sys.argv[1], sys.argv[2]
     rng = np.random.default_rng(5)
@@ -70,7 +70,8 @@ _TRAIN = textwrap.dedent(f"""
         try:
             attempt()
         except ModelDirError as e:
-            refusals.append(str(e))
+            # A usage error too: the CLI exits 2 on it.
+            refusals.append([str(e), isinstance(e, UsageError)])
     print(json.dumps({{"checkpoint": latest, "refusals": refusals,
                       "keras3_dir": sorted(os.listdir(keras3_dir))}}))
 """)
@@ -103,16 +104,11 @@ _RESTORE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """writer engine -> (its output folder, what its child printed)."""
-    cache = {}
+    def train(engine):
+        out = tmp_path_factory.mktemp(engine)
+        return out, json.loads(run(engine, _TRAIN, engine, out).splitlines()[-1])
 
-    def get(engine):
-        interpreter(engine)  # skips a missing one with the reason
-        if engine not in cache:
-            out = tmp_path_factory.mktemp(engine)
-            cache[engine] = out, json.loads(run(engine, _TRAIN, engine, out).splitlines()[-1])
-        return cache[engine]
-
-    return get
+    return once_per_pair(train)
 
 
 @pytest.mark.parametrize("reader", ["keras3-tensorflow", "keras3-jax"])
@@ -141,7 +137,8 @@ def test_a_keras2_engine_checkpoint_continues_on_keras3(trained, writer, reader)
 def test_the_keras2_engines_refuse_a_keras3_model_dir(trained, writer):
     _, written = trained(writer)
     assert len(written["refusals"]) == 2, written
-    for message in written["refusals"]:
+    for message, usage_error in written["refusals"]:
+        assert usage_error, message
         assert "was trained by the keras3 engine" in message
         assert "ckpt-12.weights.h5" in message  # the latest by step, not by name
         assert "--engine keras3" in message

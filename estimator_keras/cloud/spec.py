@@ -263,6 +263,12 @@ class JobSpec:
                                                        "--module": "modules"}[flag]))
         if self.package_uri is not None:
             _check_gs_uri(self.package_uri, "package_uri")
+        if self.engine == "keras3":
+            raise ConfigError("--engine keras3 cannot be submitted yet: the prebuilt training "
+                              "images run TensorFlow 2.15 (estimator) or tf-keras (keras), and "
+                              "a job image with Keras 3 is not built here. Submit with --engine "
+                              "keras or estimator, or train keras3 on this machine (train "
+                              "--engine keras3).")
         if self.engine not in ENGINES:
             raise ConfigError("--engine must be one of %s; got %r."
                               % (", ".join(ENGINES), self.engine))

@@ -22,6 +22,7 @@ Example::
 import abc
 import dataclasses
 import logging
+import math
 import time
 import typing
 
@@ -304,6 +305,36 @@ def plain_metrics(metrics):
     """Metrics as Python numbers (TensorFlow hands back numpy scalars; the
     step stays an integer)."""
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+
+
+def validation_metrics(logs):
+    """The evaluation's metrics out of a Keras epoch's logs (``val_*``)."""
+    return {k[len("val_"):]: float(v) for k, v in (logs or {}).items() if k.startswith("val_")}
+
+
+def record_evaluation(hooks, step, metrics, saved, chief, early_stopping, history):
+    """Logs an evaluation, hands it to the hooks on the chief, and appends
+    it to ``history``; True when ``early_stopping`` calls for a stop."""
+    hooks.log(f"evaluated step {step}: {format_metrics(metrics)}")
+    if chief:
+        hooks.on_evaluation(saved, dict(metrics, global_step=step))
+    if early_stopping is None or early_stopping.metric not in metrics:
+        return False
+    history.append((step, metrics[early_stopping.metric]))
+    return early_stopping.should_stop(history)
+
+
+def finite_loss(logs, step, checkpoint):
+    """The loss in a Keras callback's ``logs`` as a float (None when absent);
+    a NaN or infinite loss raises :func:`nan_error` (``checkpoint``: a
+    callable giving the last good checkpoint)."""
+    loss = (logs or {}).get("loss")
+    if loss is None:
+        return None
+    loss = float(loss)
+    if not math.isfinite(loss):
+        raise nan_error(step, checkpoint())
+    return loss
 
 
 def format_metrics(metrics):

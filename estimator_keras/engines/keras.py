@@ -95,13 +95,7 @@ class StepLimit(tf.keras.callbacks.Callback):
         self.meter.finish(_step(self.model), now=time.monotonic())
 
     def _finite_loss(self, logs):
-        loss = (logs or {}).get("loss")
-        if loss is None:
-            return None
-        loss = float(loss)
-        if not math.isfinite(loss):
-            raise base.nan_error(self.step, self.manager.latest_checkpoint)
-        return loss
+        return base.finite_loss(logs, self.step, lambda: self.manager.latest_checkpoint)
 
 
 class Checkpoints(tf.keras.callbacks.Callback):
@@ -125,18 +119,10 @@ class Checkpoints(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         step = _step(self.model)
         self.saved = self.manager.save(checkpoint_number=step)
-        metrics = {k[len("val_"):]: float(v) for k, v in (logs or {}).items()
-                   if k.startswith("val_")}
-        if not metrics:
-            return
-        self.hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
-        if self.is_chief:
-            self.hooks.on_evaluation(self.saved, dict(metrics, global_step=step))
-        stop = self.early_stopping
-        if stop is not None and stop.metric in metrics:
-            self.history.append((step, metrics[stop.metric]))
-            if stop.should_stop(self.history):
-                self.model.stop_training = True
+        metrics = base.validation_metrics(logs)
+        if metrics and base.record_evaluation(self.hooks, step, metrics, self.saved,
+                                              self.is_chief, self.early_stopping, self.history):
+            self.model.stop_training = True
 
 
 class WithoutBatchHooks(tf.keras.callbacks.Callback):

@@ -90,13 +90,7 @@ class TrainingSteps(keras.callbacks.Callback):
         self._finite_loss(logs)
 
     def _finite_loss(self, logs):
-        loss = (logs or {}).get("loss")
-        if loss is None:
-            return None
-        loss = float(loss)
-        if not math.isfinite(loss):
-            raise base.nan_error(self.step, self.last_checkpoint())
-        return loss
+        return base.finite_loss(logs, self.step, self.last_checkpoint)
 
 
 class Evaluations(keras.callbacks.Callback):
@@ -121,7 +115,7 @@ class Evaluations(keras.callbacks.Callback):
         step = _step(self.model)
         if plan.chief:
             self.saved = ckpts.save(self.model, plan.model_dir, step, plan.keep_checkpoint_max)
-        metrics = {k[len("val_"):]: float(v) for k, v in logs.items() if k.startswith("val_")}
+        metrics = base.validation_metrics(logs)
         if self.writers:
             self.writers["train"].write({f"epoch_{k}": v for k, v in logs.items()
                                          if not k.startswith("val_")}, step)
@@ -129,16 +123,12 @@ class Evaluations(keras.callbacks.Callback):
         if not metrics:
             return
         self.metrics = metrics
-        plan.hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
-        if plan.chief:
-            plan.hooks.on_evaluation(self.saved, dict(metrics, global_step=step))
         stop = plan.early_stopping
-        if stop is not None and stop.metric in metrics:
-            self.history.append((step, metrics[stop.metric]))
-            if stop.should_stop(self.history):
-                plan.hooks.log(f"early stopping at step {step}: {stop.metric} has not improved "
-                               f"for {stop.patience_steps} steps")
-                self.stopped = self.model.stop_training = True
+        if base.record_evaluation(plan.hooks, step, metrics, self.saved, plan.chief, stop,
+                                  self.history):
+            plan.hooks.log(f"early stopping at step {step}: {stop.metric} has not improved "
+                           f"for {stop.patience_steps} steps")
+            self.stopped = self.model.stop_training = True
 
     def close(self):
         for writer in self.writers.values():
