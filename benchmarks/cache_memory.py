@@ -2,7 +2,8 @@
 
 The child builds ``make_dataset(training=True)`` with the given InputConfig
 overrides, reads ``epochs`` epochs batch by batch (eager iteration), and
-records VmRSS before the first batch and after each epoch; the parent gets
+records VmRSS before the first batch and after each epoch (after handing
+free heap memory back, as the engines do at each checkpoint); the parent gets
 the list and the growth from epoch 2 to the last. A fresh process per
 measurement: memory that another variant allocated cannot hide or inflate
 this one's.
@@ -12,6 +13,8 @@ Example::
     python -m benchmarks.cache_memory DATA_DIR --epochs 10 --overrides '{"cache": true}'
     # tf.data's own autotune RAM budget (half the memory) instead of the package's:
     python -m benchmarks.cache_memory DATA_DIR --overrides '{"autotune_ram_mb": 12000}'
+    # without handing free heap memory back after each epoch:
+    python -m benchmarks.cache_memory DATA_DIR --keep-free-memory --overrides '{"cache": true}'
 """
 
 import argparse
@@ -28,15 +31,20 @@ from benchmarks.common import IMAGE, LABEL
 CHILD_TIMEOUT_S = 1800
 
 
-def measure(path, epochs=10, batch_size=128, overrides=None, timeout=CHILD_TIMEOUT_S):
+def measure(path, epochs=10, batch_size=128, overrides=None, timeout=CHILD_TIMEOUT_S,
+            release=True):
     """Runs the child; returns its result dict (``rss_mb``: before, then one
     value per epoch; ``growth``: (last - epoch 2) / epoch 2; ``cache_mb``:
-    epoch 1 minus before)."""
+    epoch 1 minus before). With ``release`` the child hands free heap memory
+    back after each epoch, as the engines do after each checkpoint
+    (:func:`estimator_keras.memory.release_free_memory`)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(common.HERE), env.get("PYTHONPATH")) if p)
     argv = [sys.executable, "-m", "benchmarks.cache_memory", str(path), "--epochs", str(epochs),
             "--batch-size", str(batch_size), "--overrides", json.dumps(overrides or {})]
+    if not release:
+        argv.append("--keep-free-memory")
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
     if proc.returncode != 0:
@@ -57,7 +65,7 @@ def _child(args):
     import gc  # pylint: disable=import-outside-toplevel
 
     common.quiet_tensorflow()
-    from estimator_keras import inputs, records  # pylint: disable=import-outside-toplevel
+    from estimator_keras import inputs, memory, records  # pylint: disable=import-outside-toplevel
 
     overrides = json.loads(args.overrides)
     resolved = records.resolve(args.path, "train")
@@ -72,8 +80,11 @@ def _child(args):
             next(iterator)
         seconds.append(time.perf_counter() - start)
         gc.collect()
+        if not args.keep_free_memory:
+            memory.release_free_memory()
         rss.append(common.rss_mb())
     print(json.dumps({"overrides": overrides, "epochs": args.epochs,
+                      "release": not args.keep_free_memory,
                       "examples": resolved.num_examples, "rss_mb": rss,
                       "epoch_s": seconds, "growth": growth(rss),
                       "cache_mb": rss[1] - rss[0] if rss[0] else None}))
@@ -86,6 +97,9 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--overrides", default="{}", help="InputConfig overrides, JSON")
+    parser.add_argument("--keep-free-memory", action="store_true",
+                        help="do not hand free heap memory back after each epoch (the "
+                             "engines do, after each checkpoint)")
     _child(parser.parse_args(argv))
     return 0
 

@@ -33,7 +33,9 @@ memory of pipelines over 10 epochs, each in a fresh process: cached and
 uncached, each with the package's bound on tf.data's autotuned buffers
 (``InputConfig.autotune_ram_mb``) and with TensorFlow's own budget (half
 the available memory, the unbounded "before"), and a cached pipeline that
-forms new batches every epoch (``cache_shuffle="records"``).
+forms new batches every epoch (``cache_shuffle="records"``), with and without
+handing free heap memory back after each epoch (the engines do it after each
+checkpoint, :mod:`estimator_keras.memory`).
 """
 
 import time
@@ -469,13 +471,19 @@ def memory_rows(path, settings):
     out = []
     for name, overrides in memory_variants():
         try:
-            result = cache_memory.measure(path, epochs, settings.batch_size, overrides)
+            result = cache_memory.measure(path, epochs, settings.batch_size, overrides,
+                                          release=name not in KEEP_FREE_MEMORY)
         except Exception as e:  # pylint: disable=broad-except
             result = {"error": f"{type(e).__name__}: {e}"[:500]}
         result.update(name=name, cache_estimate_mb=estimate / 2.0 ** 20)
         common.say(f"[{TABLE}] memory {name}: {result.get('rss_mb') or result.get('error')}")
         out.append(result)
     return out
+
+
+# The "before" of handing free heap memory back after each epoch.
+RECORDS_KEPT = "cache=True, cache_shuffle=records, free heap memory kept"
+KEEP_FREE_MEMORY = (RECORDS_KEPT,)
 
 
 def memory_variants():
@@ -487,6 +495,7 @@ def memory_variants():
     tensorflow_budget = {"autotune_ram_mb": max(1.0, inputs.available_memory_mb()[0] / 2)}
     return [("cache=True", {"cache": True}),
             ("cache=True, cache_shuffle=records", {"cache": True, "cache_shuffle": "records"}),
+            (RECORDS_KEPT, {"cache": True, "cache_shuffle": "records"}),
             ("cache=True, TensorFlow's autotune budget", dict(tensorflow_budget, cache=True)),
             ("no cache", {}),
             ("no cache, TensorFlow's autotune budget", tensorflow_budget)]
@@ -500,14 +509,19 @@ MEMORY_TARGETS = (("cache=True", "input.cache_rss", "cache=True"),
 
 def memory_targets(memory):
     """RSS growth targets (< 5% from epoch 2 to the last) of the bounded
-    pipelines; the TensorFlow-budget rows are the "before" beside them."""
+    pipelines; the TensorFlow-budget rows, and the records row that keeps its
+    free heap memory, are the "before" beside them."""
     by_name = {m.get("name"): m for m in memory}
     targets = []
     for name, tid, label in MEMORY_TARGETS:
         row = by_name.get(name, {})
-        unbounded = by_name.get(f"{name}, TensorFlow's autotune budget", {})
-        beside = (f"; with TensorFlow's autotune budget: {common.fmt_value(unbounded['growth'])}"
-                  if unbounded.get("growth") is not None else "")
+        before_name, before_label = ((RECORDS_KEPT, "with free heap memory kept")
+                                     if name == "cache=True, cache_shuffle=records" else
+                                     (f"{name}, TensorFlow's autotune budget",
+                                      "with TensorFlow's autotune budget"))
+        before = by_name.get(before_name, {})
+        beside = (f"; {before_label}: {common.fmt_value(before['growth'])}"
+                  if before.get("growth") is not None else "")
         targets.append(common.target(
             tid, f"{label}: RSS growth from epoch 2 to epoch "
             f"{row.get('epochs', MEMORY_EPOCHS)} (fraction)", row.get("growth"), 0.05, op="<",

@@ -122,6 +122,10 @@ def test_cache_memory_child_reports_rss_per_epoch(tiny):
     assert len(result["rss_mb"]) == 4 and all(v > 10 for v in result["rss_mb"])
     assert result["growth"] == pytest.approx(cache_memory.growth(result["rss_mb"]))
     assert result["examples"] == N_TRAIN and result["overrides"] == {"cache": True}
+    assert result["release"] is True
+    kept = cache_memory.measure(tiny[0], epochs=2, batch_size=BATCH, overrides={"cache": True},
+                                timeout=240, release=False)
+    assert kept["release"] is False and len(kept["rss_mb"]) == 3
 
 
 def test_reduce_consumer_counts_only_timed_batches(tiny):
@@ -589,6 +593,10 @@ def test_memory_targets_put_the_bound_beside_tensorflows_budget():
     assert targets["input.cache_rss"]["met"] and targets["input.nocache_rss"]["met"]
     assert targets["input.reshuffle_rss"]["met"] is None
     assert "TensorFlow's autotune budget: 0.49" in targets["input.nocache_rss"]["cause"]
+    memory.append({"name": input_table.RECORDS_KEPT, "growth": 0.11})
+    memory.append({"name": "cache=True, cache_shuffle=records", "growth": 0.01})
+    reshuffle = {t["id"]: t for t in input_table.memory_targets(memory)}["input.reshuffle_rss"]
+    assert reshuffle["met"] and "free heap memory kept: 0.11" in reshuffle["cause"]
     names = [name for name, _ in input_table.memory_variants()]
     assert names[0] == "cache=True" and "no cache, TensorFlow's autotune budget" in names
 

@@ -22,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, export, io, summaries
+from estimator_keras import checkpoints, export, io, memory, summaries
 from estimator_keras.engines import base, optimizers
 from estimator_keras.errors import DataError, UsageError
 
@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 # How long a non-chief task waits for the chief's first files.
 CHIEF_WAIT_SECS = 600
+# Steps between two releases of free heap memory when no evaluation
+# interval is given (with one, after each interval, as the Keras engines do).
+RELEASE_MEMORY_STEPS = 1000
 
 
 def run_config(model_dir, *, save_checkpoints_steps=None, save_checkpoints_secs=None,
@@ -206,6 +209,19 @@ class _ProgressBeforeSave(tf.estimator.CheckpointSaverListener):
         self._hook.reached(int(global_step_value))
 
 
+class ReleaseMemoryHook(tf.estimator.SessionRunHook):
+    """Every ``every_steps`` steps of this task, hands the heap's free pages
+    back to the system (:mod:`estimator_keras.memory`), on every task."""
+
+    def __init__(self, every_steps):
+        self._every, self._steps = max(1, int(every_steps)), 0
+
+    def after_run(self, run_context, run_values):
+        self._steps += 1
+        if self._steps % self._every == 0:
+            memory.release_free_memory()
+
+
 class PreemptionHook(tf.estimator.SessionRunHook):
     """Ends training after the step in progress once the watch has seen
     SIGTERM or SIGINT; the chief's checkpoint saver then saves that step."""
@@ -363,7 +379,7 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     """
     base.check_positive("max_steps", max_steps)
     progress = ProgressHook(log_every_steps, batch_size, replicas, log, int(max_steps))
-    train_hooks = [progress, *hooks]
+    train_hooks = [progress, ReleaseMemoryHook(eval_every_steps or RELEASE_MEMORY_STEPS), *hooks]
     listeners = [progress.listener()]
     if preemption is not None:
         if not stop_with_chief:

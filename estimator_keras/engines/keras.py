@@ -39,7 +39,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, io, summaries
+from estimator_keras import checkpoints, engines, io, memory, summaries
 from estimator_keras.engines import base, optimizers, preemption
 from estimator_keras.errors import UsageError
 
@@ -119,6 +119,7 @@ class Checkpoints(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         step = _step(self.model)
         self.saved = self.manager.save(checkpoint_number=step)
+        memory.release_free_memory()
         metrics = base.validation_metrics(logs)
         if metrics and base.record_evaluation(self.hooks, step, metrics, self.saved,
                                               self.is_chief, self.early_stopping, self.history):

@@ -36,7 +36,7 @@ import warnings
 
 import keras
 
-from estimator_keras import io, summaries
+from estimator_keras import io, memory, summaries
 from estimator_keras.engines import base, optimizers, preemption
 from estimator_keras.engines import keras3_checkpoints as ckpts
 from estimator_keras.errors import ConfigError, DataError, ModelDirError
@@ -115,6 +115,7 @@ class Evaluations(keras.callbacks.Callback):
         step = _step(self.model)
         if plan.chief:
             self.saved = ckpts.save(self.model, plan.model_dir, step, plan.keep_checkpoint_max)
+        memory.release_free_memory()
         metrics = base.validation_metrics(logs)
         if self.writers:
             self.writers["train"].write({f"epoch_{k}": v for k, v in logs.items()
