@@ -1,36 +1,57 @@
-"""Handing freed heap memory back to the system during long runs.
+"""Keeping a long run's heap from creeping up.
 
 TensorFlow's CPU tensors live in the C library's heap. glibc's malloc keeps
-the blocks that freed tensors leave in per-thread arenas and reuses them; when
-a pipeline allocates blocks of changing sizes every epoch (the runs that
-``cache_shuffle="records"`` joins, permutes and cuts into new batches), the
-arenas fragment and the free pages in them stay resident: the process's memory
-creeps up epoch after epoch although nothing is kept (measured in
-BENCHMARKS.md). ``malloc_trim(0)`` returns every whole free page of every arena
-to the system in a few milliseconds, so the engines call
-:func:`release_free_memory` after each checkpoint. Setting glibc's mmap
-threshold instead stops the creep too, but makes every batch a fresh mapping
-and halves the cached pipeline's speed.
+the blocks that freed tensors leave in per-thread arenas (up to eight per
+core) and reuses them; when a pipeline allocates blocks of changing sizes
+every epoch (the runs that ``cache_shuffle="records"`` joins, permutes and
+cuts into new batches), the arenas fragment and their free pages stay
+resident: the process's memory creeps up epoch after epoch although nothing
+is kept (measured in BENCHMARKS.md). Two calls stop it:
+:func:`limit_arenas` (one arena per core, before TensorFlow starts its
+threads; ``python -m experiments`` calls it first) and
+:func:`release_free_memory` (``malloc_trim``: every whole free page back to
+the system in a few milliseconds; the engines call it after each
+checkpoint). Setting glibc's mmap threshold instead stops the creep too, but
+makes every batch a fresh mapping and halves the cached pipeline's speed.
+Both are no-ops where the C library is not glibc.
 """
 
 import ctypes
 import functools
+import os
+
+# mallopt's parameter for the most arenas (glibc's malloc.h).
+_M_ARENA_MAX = -8
 
 
 @functools.lru_cache(maxsize=1)
-def _malloc_trim():
+def _glibc():
     try:
         # The C library the process already runs on (None: its own symbols).
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None  # not glibc (musl, macOS): nothing to call
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
 
 
 def release_free_memory():
     """Returns the heap's free pages to the system where the C library is
     glibc; True when it did, False elsewhere (a no-op)."""
-    trim = _malloc_trim()
-    if trim is None:
+    libc = _glibc()
+    if libc is None:
         return False
-    trim(0)
+    libc.malloc_trim(0)
     return True
+
+
+def limit_arenas(count=None, environ=None):
+    """Caps glibc's malloc arenas at ``count`` (default: one per core,
+    at least 2) for the threads that start from now on; call it before
+    importing TensorFlow. A ``MALLOC_ARENA_MAX`` that the user set wins.
+    Returns the cap set, or None when nothing was set."""
+    environ = os.environ if environ is None else environ
+    libc = _glibc()
+    if libc is None or environ.get("MALLOC_ARENA_MAX"):
+        return None
+    count = int(count or max(2, os.cpu_count() or 1))
+    return count if libc.mallopt(_M_ARENA_MAX, count) == 1 else None

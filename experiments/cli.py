@@ -14,7 +14,7 @@ import sys
 import traceback
 import warnings
 
-from estimator_keras import engines
+from estimator_keras import engines, memory
 from estimator_keras.engines import preemption
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
 from experiments import cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags, tune_cmd
@@ -157,6 +157,8 @@ def _import_tensorflow_quietly():
 
 
 def main(argv=None):
+    # Before TensorFlow starts its threads (estimator_keras.memory).
+    memory.limit_arenas()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -3,6 +3,7 @@ the engines hand them back at their checkpoints."""
 
 import json
 import platform
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,50 @@ def test_release_free_memory_returns_a_fragmented_heaps_free_pages():
     # (the kept blocks pin the heap), the release hands most of it back.
     assert found["full"] - found["freed"] < 50, found
     assert found["freed"] - found["trimmed"] > 150, found
+
+
+# Six threads allocate at once: glibc gives each new thread an arena of its
+# own until the cap; malloc_stats() lists the arenas on stderr.
+_ARENAS = r"""
+import ctypes, sys, threading
+from estimator_keras import memory
+kwargs = eval(sys.argv[1])
+print("cap", None if kwargs is None else memory.limit_arenas(**kwargs), flush=True)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+barrier = threading.Barrier(7)
+def work():
+    libc.malloc(64 * 1024)
+    barrier.wait()
+threads = [threading.Thread(target=work) for _ in range(6)]
+for t in threads:
+    t.start()
+barrier.wait()
+libc.malloc_stats()
+for t in threads:
+    t.join()
+"""
+
+
+def _arenas(kwargs, arena_max=None):
+    """(the cap limit_arenas(**kwargs) set, or "None"; the arenas of the
+    child's seven threads); kwargs None: no call."""
+    environ = child_env()
+    environ.pop("MALLOC_ARENA_MAX", None)
+    if arena_max:
+        environ["MALLOC_ARENA_MAX"] = arena_max
+    proc = subprocess.run([sys.executable, "-c", _ARENAS, repr(kwargs)], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()[1], len(re.findall(r"^Arena \d+:", proc.stderr, re.M))
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
+def test_limit_arenas_caps_the_arenas_of_new_threads_unless_the_user_set_it():
+    assert _arenas(None)[1] == 7  # without it, one arena per thread
+    assert _arenas({"count": 2}) == ("2", 2)
+    # The user's MALLOC_ARENA_MAX wins: nothing is set.
+    assert _arenas({"count": 2}, arena_max="5") == ("None", 5)
 
 
 def test_the_estimator_engine_releases_memory_every_interval(monkeypatch):
