@@ -2,8 +2,10 @@
 
 The child builds ``make_dataset(training=True)`` with the given InputConfig
 overrides, reads ``epochs`` epochs batch by batch (eager iteration), and
-records VmRSS before the first batch and after each epoch (after handing
-free heap memory back, as the engines do at each checkpoint); the parent gets
+records VmRSS before the first batch and after each epoch; as a training
+run does, it caps malloc's arenas first and hands free heap memory back after
+each epoch (:mod:`estimator_keras.memory`; the engines do it after each
+checkpoint), unless ``--keep-free-memory``. The parent gets
 the list and the growth from epoch 2 to the last. A fresh process per
 measurement: memory that another variant allocated cannot hide or inflate
 this one's.
@@ -13,7 +15,7 @@ Example::
     python -m benchmarks.cache_memory DATA_DIR --epochs 10 --overrides '{"cache": true}'
     # tf.data's own autotune RAM budget (half the memory) instead of the package's:
     python -m benchmarks.cache_memory DATA_DIR --overrides '{"autotune_ram_mb": 12000}'
-    # without handing free heap memory back after each epoch:
+    # malloc left as glibc sets it (no arena cap, no release after each epoch):
     python -m benchmarks.cache_memory DATA_DIR --keep-free-memory --overrides '{"cache": true}'
 """
 
@@ -35,9 +37,9 @@ def measure(path, epochs=10, batch_size=128, overrides=None, timeout=CHILD_TIMEO
             release=True):
     """Runs the child; returns its result dict (``rss_mb``: before, then one
     value per epoch; ``growth``: (last - epoch 2) / epoch 2; ``cache_mb``:
-    epoch 1 minus before). With ``release`` the child hands free heap memory
-    back after each epoch, as the engines do after each checkpoint
-    (:func:`estimator_keras.memory.release_free_memory`)."""
+    epoch 1 minus before). ``release``: the child caps malloc's arenas and
+    hands free heap memory back after each epoch, as a training run does
+    (:mod:`estimator_keras.memory`)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(common.HERE), env.get("PYTHONPATH")) if p)
@@ -64,8 +66,12 @@ def growth(rss, first_epoch=2):
 def _child(args):
     import gc  # pylint: disable=import-outside-toplevel
 
+    from estimator_keras import memory  # pylint: disable=import-outside-toplevel
+
+    if not args.keep_free_memory:
+        memory.limit_arenas()  # as python -m experiments does, before TensorFlow
     common.quiet_tensorflow()
-    from estimator_keras import inputs, memory, records  # pylint: disable=import-outside-toplevel
+    from estimator_keras import inputs, records  # pylint: disable=import-outside-toplevel
 
     overrides = json.loads(args.overrides)
     resolved = records.resolve(args.path, "train")
@@ -98,8 +104,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--overrides", default="{}", help="InputConfig overrides, JSON")
     parser.add_argument("--keep-free-memory", action="store_true",
-                        help="do not hand free heap memory back after each epoch (the "
-                             "engines do, after each checkpoint)")
+                        help="neither cap malloc's arenas nor hand free heap memory back "
+                             "after each epoch (python -m experiments and the engines do)")
     _child(parser.parse_args(argv))
     return 0
 

@@ -34,8 +34,8 @@ uncached, each with the package's bound on tf.data's autotuned buffers
 (``InputConfig.autotune_ram_mb``) and with TensorFlow's own budget (half
 the available memory, the unbounded "before"), and a cached pipeline that
 forms new batches every epoch (``cache_shuffle="records"``), with and without
-handing free heap memory back after each epoch (the engines do it after each
-checkpoint, :mod:`estimator_keras.memory`).
+what a training run does to malloc (:mod:`estimator_keras.memory`: arenas
+capped, free heap memory handed back after each epoch).
 """
 
 import time
@@ -481,8 +481,8 @@ def memory_rows(path, settings):
     return out
 
 
-# The "before" of handing free heap memory back after each epoch.
-RECORDS_KEPT = "cache=True, cache_shuffle=records, free heap memory kept"
+# The "before" of estimator_keras.memory (malloc as glibc sets it).
+RECORDS_KEPT = "cache=True, cache_shuffle=records, glibc's malloc defaults"
 KEEP_FREE_MEMORY = (RECORDS_KEPT,)
 
 
@@ -515,7 +515,7 @@ def memory_targets(memory):
     targets = []
     for name, tid, label in MEMORY_TARGETS:
         row = by_name.get(name, {})
-        before_name, before_label = ((RECORDS_KEPT, "with free heap memory kept")
+        before_name, before_label = ((RECORDS_KEPT, "with glibc's malloc defaults")
                                      if name == "cache=True, cache_shuffle=records" else
                                      (f"{name}, TensorFlow's autotune budget",
                                       "with TensorFlow's autotune budget"))

@@ -808,7 +808,7 @@ def test_dockerfile_installs_the_readme_extras_per_build_arg(tmp_path):
         (bin_dir / tool).write_text('#!/bin/sh\necho "%s $*" >> "$CALLS"\n' % tool)
         (bin_dir / tool).chmod(0o755)
     with open(os.path.join(root, "setup.py"), encoding="utf-8") as f:
-        extras = set(re.findall(r'^\s+"([a-z-]+)": \[', f.read(), re.M))
+        extras = set(re.findall(r'^\s+"([a-z-]+)": (?:\[|_by_python\()', f.read(), re.M))
 
     def run(stack, device):
         calls = tmp_path / ("%s-%s.calls" % (stack, device))
