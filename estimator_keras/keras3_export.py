@@ -227,7 +227,7 @@ def _saved_model_on_tensorflow(model_file, target, schema, features, class_names
 
 
 def _main(argv=None):
-    parser = argparse.ArgumentParser(description=(
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=(
         "Writes the SavedModel of a model.keras on Keras 3's TensorFlow backend (run by "
         "write_export for models trained on another backend)."))
     parser.add_argument("spec", help="JSON: model, target, schema, features, class_names, "

@@ -592,7 +592,9 @@ def _sample_values(tmp_path, tiny_dataset):
     dataset, _ = tiny_dataset(n=8, num_shards=1)
     return {"--config": str(config), "--module": str(plugin), "--dataset": dataset,
             "--data-dir": str(tmp_path / "data"), "--hypertune-metric": "accuracy",
-            "--model-dir": str(tmp_path / "model"), "--hparams": "units=64"}
+            "--model-dir": str(tmp_path / "model"), "--hparams": "units=64",
+            # Runs on TensorFlow 2.15 and with tf-keras alike (keras3 does not).
+            "--engine": "keras"}
 
 
 def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, tiny_dataset):
