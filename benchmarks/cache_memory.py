@@ -68,7 +68,8 @@ def _child(args):
 
     from estimator_keras import memory  # pylint: disable=import-outside-toplevel
 
-    if not args.keep_free_memory:
+    release = not args.keep_free_memory
+    if release:
         memory.limit_arenas()  # as python -m experiments does, before TensorFlow
     common.quiet_tensorflow()
     from estimator_keras import inputs, records  # pylint: disable=import-outside-toplevel
@@ -86,11 +87,11 @@ def _child(args):
             next(iterator)
         seconds.append(time.perf_counter() - start)
         gc.collect()
-        if not args.keep_free_memory:
+        if release:
             memory.release_free_memory()
         rss.append(common.rss_mb())
     print(json.dumps({"overrides": overrides, "epochs": args.epochs,
-                      "release": not args.keep_free_memory,
+                      "release": release,
                       "examples": resolved.num_examples, "rss_mb": rss,
                       "epoch_s": seconds, "growth": growth(rss),
                       "cache_mb": rss[1] - rss[0] if rss[0] else None}))

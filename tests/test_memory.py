@@ -16,11 +16,8 @@ from support import ROOT, child_env
 # heap's top; only a trim hands their pages back.
 _CHILD = r"""
 import ctypes, json, sys
+from benchmarks.common import rss_mb
 from estimator_keras import memory
-
-def rss_mb():
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS:"))
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
