@@ -92,12 +92,24 @@ RUNS = {
     "project_keras_engine": {"kind": "project", "engine": "keras", "python": "keras",
                              "description": "the keras engine on TensorFlow 2.16+ with "
                                             "tf-keras"},
+    "project_keras3": {"kind": "project", "engine": "keras3", "python": "keras", "keras3": True,
+                       "description": "the keras3 engine: Keras 3 on the TensorFlow backend "
+                                      "(TensorFlow 2.16+), the experiment as registered"},
     "keras3_numpy": {"kind": "keras_numpy", "python": "keras", "keras3": True,
                      "description": "plain Keras 3 Model.fit on numpy arrays (TensorFlow "
                                     "2.16+), as keras_numpy"},
 }
 DEFAULT_RUNS = ("keras_numpy", "project_default", "project_fp32", "project_constant_lr",
-                "project_reshuffle", "project_record_shuffle")
+                "project_reshuffle", "project_record_shuffle", "project_keras3")
+# Left out of the default runs where precision "auto" is float32 (no native
+# bfloat16): it would repeat project_default.
+SAME_AS_DEFAULT_IN_FLOAT32 = "project_fp32"
+
+
+def default_runs(auto_is_float32):
+    """The runs of a full table: :data:`DEFAULT_RUNS`, less the one that
+    repeats project_default where precision "auto" resolves to float32."""
+    return [n for n in DEFAULT_RUNS if not (auto_is_float32 and n == SAME_AS_DEFAULT_IN_FLOAT32)]
 REFERENCE = "keras_numpy"
 
 
@@ -168,7 +180,7 @@ def warmup_schedule(peak, steps, warmup):
 def _project(spec, args, clock):
     from estimator_keras import engines  # pylint: disable=import-outside-toplevel
 
-    engines.prefer_legacy_keras()
+    engine_name = engines.prepare_keras(spec.get("engine") or "auto")
     common.quiet_tensorflow()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from estimator_keras import precision  # pylint: disable=import-outside-toplevel
@@ -176,7 +188,7 @@ def _project(spec, args, clock):
     from experiments import catalog, context, hparams, registry  # pylint: disable=import-outside-toplevel
 
     catalog.load()
-    engine = engines.get_engine(spec.get("engine") or engines.resolve_engine("auto"))
+    engine = engines.get_engine(engine_name)
     clock.start()
     exp = registry.get(EXPERIMENT)
     overrides = {"max_steps": spec["steps"], "eval_every_steps": spec["eval_every"],

@@ -314,6 +314,12 @@ def run_targets(rows, steps):
                 "accuracy.issue3_vs_keras_accuracy", "project default final accuracy - plain "
                 "Keras final accuracy (issue 3)",
                 default["final_accuracy"] - ref["final_accuracy"], 0.0))
+    keras3 = by.get("project_keras3")
+    if keras3:
+        targets.append(common.target(
+            "accuracy.keras3_final", f"project_keras3 (the keras3 engine, TensorFlow backend) "
+            f"final test accuracy after {steps} steps", keras3["final_accuracy"], FINAL_ACCURACY,
+            why=keras3.get("error")))
     reshuffle = by.get("project_reshuffle")
     if default and reshuffle:
         targets += reshuffle_targets(default, reshuffle)
@@ -354,7 +360,13 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
     eval_fraction = config.train.eval_every_steps / config.train.max_steps
     load_start = common.load_average()
     knob_rows = run_knobs(path, settings) if knobs else []
-    names = list(runs or settings.accuracy_runs or accuracy_runs.DEFAULT_RUNS)
+    names = list(runs or settings.accuracy_runs or
+                 accuracy_runs.default_runs(_auto_is_float32(config)))
+    notes = []
+    if accuracy_runs.SAME_AS_DEFAULT_IN_FLOAT32 not in names and not (runs or
+                                                                      settings.accuracy_runs):
+        notes.append(f"{accuracy_runs.SAME_AS_DEFAULT_IN_FLOAT32} left out: precision auto is "
+                     f"float32 on this CPU (no native bfloat16), so project_default is it")
     rows = run_runs(path, settings, names, steps, eval_fraction, config.train.learning_rate)
     ref = next((r for r in rows if r["name"] == accuracy_runs.REFERENCE), None)
     for row in rows:
@@ -369,4 +381,10 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
                       f"evaluation at >= {TARGET_ACCURACY} has finished; ratio = t091_s / "
                       f"plain Keras's t091_s", "every run is one uninterrupted process; runs "
                       "take turns on the CPU (benchmarks.turns)", "knobs: examples/s, local "
-                      "ratios to the first row of their group"]}
+                      "ratios to the first row of their group"] + notes}
+
+
+def _auto_is_float32(config):
+    from estimator_keras import precision  # pylint: disable=import-outside-toplevel
+
+    return precision.resolve(config.train.precision)[0] == precision.FLOAT32

@@ -96,6 +96,10 @@ def build_parser():
                    help="interpreter with TensorFlow 2.15 and tf.estimator")
     p.add_argument("--python-keras", default=None, metavar="PYTHON",
                    help="interpreter with TensorFlow 2.16+ and tf-keras")
+    p.add_argument("--python-jax", default=None, metavar="PYTHON",
+                   help="interpreter with Keras 3 and JAX for the keras table's JAX rows "
+                        "(default: the keras one, or .venv-jax/bin/python of the checkout, "
+                        "where JAX imports)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--in-process", action="store_true",
                    help="run every table in this process instead of one child per table")
@@ -173,7 +177,8 @@ def _child_args(args, python, table, json_path, workdir, pythons):
                         ("--window", args.window), ("--accuracy-steps", args.accuracy_steps),
                         ("--accuracy-runs", args.accuracy_runs),
                         ("--python-estimator", pythons["estimator"]),
-                        ("--python-keras", pythons["keras"])):
+                        ("--python-keras", pythons["keras"]),
+                        ("--python-jax", args.python_jax)):
         if value is not None:
             argv += [flag, str(value)]
     if args.quick:
@@ -232,7 +237,7 @@ def main(argv=None):
     settings = common.Settings(data_dir=args.data_dir, quick=args.quick, examples=args.examples,
                                repeats=args.repeats, window_s=args.window, workdir=workdir,
                                python_estimator=pythons["estimator"],
-                               python_keras=pythons["keras"],
+                               python_keras=pythons["keras"], python_jax=args.python_jax,
                                accuracy_runs=args.accuracy_runs.split(",")
                                if args.accuracy_runs else None)
     here = environment_of()

@@ -50,6 +50,8 @@ class Settings:
       python_keras: interpreter with TensorFlow 2.16+ and tf-keras, for the
         keras table and the runs on that TensorFlow (None: none known).
       accuracy_runs: the accuracy table's runs (None: its default list).
+      python_jax: interpreter with Keras 3 and JAX, for the keras table's JAX
+        rows (None: this one or the checkout's .venv-jax where JAX imports).
     """
 
     data_dir: str = "data"
@@ -63,6 +65,7 @@ class Settings:
     python_estimator: str = None
     python_keras: str = None
     accuracy_runs: list = None
+    python_jax: str = None
 
     def __post_init__(self):
         if self.window_s is None:

@@ -28,14 +28,17 @@ import dataclasses
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 from benchmarks import common, training_table, turns
 from benchmarks.common import IMAGE, LABEL
 
 TABLE = "keras"
-TITLE = "keras engine vs plain Keras fit on numpy (TF 2.16+, steps/s, batch 128)"
+TITLE = ("keras and keras3 engines vs plain Keras fit on numpy (TF 2.16+, steps/s, "
+         "batch 128)")
 MODELS = ("seed_mlp", "seed_cnn")
 EXPERIMENTS = {"seed_mlp": "fashion_mnist_mlp", "seed_cnn": "fashion_mnist_cnn"}
 ENGINE = "engine"
@@ -72,38 +75,46 @@ class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-ac
         self.windows = 0
 
     def _run(self, steps):
-        from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
         from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
-        from experiments import context  # pylint: disable=import-outside-toplevel
-
-        exp = experiment(self.model_name)
-        config = dataclasses.replace(exp.config, train=dataclasses.replace(
-            exp.config.train, max_steps=1 + 2 * steps, eval_every_steps=1 + 2 * steps,
-            log_every_steps=steps, batch_size=self.settings.batch_size))
-        train_fn, eval_fn = context.input_fns(config, self.path)
-        lines = []
-
-        def log(line):
-            match = re.match(r"step (\d+)", line)
-            if match:
-                lines.append((int(match.group(1)), time.perf_counter()))
 
         self.windows += 1
         model_dir = os.path.join(self.settings.workdir, TABLE,
                                  f"{self.model_name}-{self.windows}")
+        return engine_window(keras_engine.KerasEngine(), self.model_name, self.path,
+                             self.settings.batch_size, steps, model_dir)
+
+
+def engine_window(engine, model_name, path, batch_size, steps, model_dir):
+    """One fresh ``engine.train`` run of the experiment's plan, ``1 + 2 *
+    steps`` steps with a progress line every ``steps``; returns (steps,
+    seconds) between its last two progress lines."""
+    from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
+    from experiments import context  # pylint: disable=import-outside-toplevel
+
+    exp = experiment(model_name)
+    config = dataclasses.replace(exp.config, train=dataclasses.replace(
+        exp.config.train, max_steps=1 + 2 * steps, eval_every_steps=1 + 2 * steps,
+        log_every_steps=steps, batch_size=batch_size))
+    train_fn, eval_fn = context.input_fns(config, path)
+    lines = []
+
+    def log(line):
+        match = re.match(r"step (\d+)", line)
+        if match:
+            lines.append((int(match.group(1)), time.perf_counter()))
+
+    shutil.rmtree(model_dir, ignore_errors=True)
+    plan = context.experiment_plan(exp, config, policy="float32", model_dir=model_dir,
+                                   train_data=train_fn, eval_data=eval_fn, eval_steps=1,
+                                   hooks=base.TrainingHooks(log=log))
+    try:
+        engine.train(plan)
+    finally:
         shutil.rmtree(model_dir, ignore_errors=True)
-        plan = context.experiment_plan(exp, config, policy="float32", model_dir=model_dir,
-                                       train_data=train_fn,
-                                       eval_data=eval_fn, eval_steps=1,
-                                       hooks=base.TrainingHooks(log=log))
-        try:
-            keras_engine.KerasEngine().train(plan)
-        finally:
-            shutil.rmtree(model_dir, ignore_errors=True)
-        if len(lines) < 2:
-            raise RuntimeError(f"expected two progress lines, got {lines}")
-        (s0, t0), (s1, t1) = lines[-2], lines[-1]
-        return s1 - s0, t1 - t0
+    if len(lines) < 2:
+        raise RuntimeError(f"expected two progress lines, got {lines}")
+    (s0, t0), (s1, t1) = lines[-2], lines[-1]
+    return s1 - s0, t1 - t0
 
 
 class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected-access
@@ -155,23 +166,29 @@ class NumpyVariant(training_table._StepWindow):  # pylint: disable=protected-acc
 
 
 class Keras3Variant(training_table._StepWindow):  # pylint: disable=protected-access
-    """Keras 3 in a child interpreter, on numpy or on make_dataset."""
+    """Keras 3 in a child interpreter on one backend: plain ``fit`` on numpy
+    or on make_dataset, or the keras3 engine."""
 
-    consumed = "Keras 3 model.fit in a child process, callback timing"
+    consumed = "Keras 3 in a child process: model.fit callback timing, or the engine's progress lines"
 
-    def __init__(self, name, model_name, settings, arrays_file, path, op, description=""):
+    def __init__(self, name, model_name, settings, arrays_file, path, op, description="",
+                 backend="tensorflow", python=None):
         super().__init__(name, model_name, settings, description)
         self.arrays_file, self.path, self.op = arrays_file, path, op
+        self.backend, self.python = backend, python or sys.executable
         self.child = None
 
     def build(self):
-        env = keras3_env()
-        argv = [sys.executable, "-m", "benchmarks.keras_table", "--serve", self.model_name,
+        argv = [self.python, "-m", "benchmarks.keras_table", "--serve", self.model_name,
                 "--arrays", self.arrays_file, "--data", self.path,
-                "--batch-size", str(self.settings.batch_size), "--seed", str(self.settings.seed)]
-        self.child = turns.Child(self.name, argv, env=env)
+                "--batch-size", str(self.settings.batch_size), "--seed", str(self.settings.seed),
+                "--workdir", os.path.join(self.settings.workdir, TABLE)]
+        self.child = turns.Child(self.name, argv, env=keras3_env(self.backend))
         ready = self.child.read()
-        self.keras_version = ready.get("keras")
+        self.keras_version, self.tf_keras = ready.get("keras"), ready.get("tf_keras")
+        if ready.get("backend") != self.backend:
+            raise RuntimeError(f"the child runs Keras 3 on {ready.get('backend')}, not "
+                               f"{self.backend}")
 
     def _run(self, steps):
         reply = self.child.request({"op": self.op, "warm": self.warm, "steps": steps})
@@ -182,35 +199,61 @@ class Keras3Variant(training_table._StepWindow):  # pylint: disable=protected-ac
             self.child.close()
 
     def extra(self):
-        return dict(super().extra(), keras=getattr(self, "keras_version", None))
+        return dict(super().extra(), keras=getattr(self, "keras_version", None),
+                    backend=self.backend, tf_keras=getattr(self, "tf_keras", None))
 
 
-def keras3_env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def keras3_env(backend="tensorflow"):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND=backend)
     env.pop("TF_USE_LEGACY_KERAS", None)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(common.HERE), env.get("PYTHONPATH")) if p)
     return env
 
 
+def jax_python(settings):
+    """An interpreter with Keras 3 and JAX for the JAX rows: --python-jax,
+    else this one or the checkout's .venv-jax where JAX imports; else None."""
+    candidates = [settings.python_jax] if settings.python_jax else [
+        sys.executable, os.path.join(os.path.dirname(common.HERE), ".venv-jax", "bin", "python")]
+    for python in candidates:
+        if python and os.path.exists(python) and subprocess.run(
+                [python, "-c", "import jax, keras"], capture_output=True, timeout=300,
+                check=False).returncode == 0:
+            return python
+    return None
+
+
 def serve(args):
-    """The Keras 3 child: answers "fit_numpy" / "fit_dataset" requests."""
+    """The Keras 3 child: answers "fit_numpy", "fit_dataset" and "engine"
+    requests on the backend KERAS_BACKEND names."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
+    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+
+    # Importing estimator_keras asks for tf-keras where it is installed; the
+    # plain Keras 3 rows must not get it.
+    engines.prepare_keras("keras3")
     tf = common.quiet_tensorflow()
     import keras  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines import keras3 as keras3_engine  # pylint: disable=import-outside-toplevel
 
     arrays = np.load(args.arrays)
     x, y = arrays["x"], arrays["y"]
-    numpy_model = plain_compiled(args.model, args.seed)
-    dataset_model = plain_compiled(args.model, args.seed)
+    models = {}
+
+    def compiled(kind):
+        if kind not in models:
+            models[kind] = plain_compiled(args.model, args.seed)
+        return models[kind]
+
     state = {"epoch": 0, "dataset": None}
 
     def fit_numpy(message):
         times = []
         total = message["warm"] + message["steps"]
         state["epoch"] = training_table.fit_numpy_steps(
-            numpy_model, x, y, args.batch_size, total, state["epoch"],
+            compiled("numpy"), x, y, args.batch_size, total, state["epoch"],
             callbacks=[training_table.KerasTimer(times)])
         steps, seconds = training_table.timed_part(times, message["warm"])
         return {"steps": steps, "seconds": seconds}
@@ -223,18 +266,34 @@ def serve(args):
                                                    features={IMAGE: IMAGE}, label=LABEL,
                                                    cache="auto")
         times = []
-        dataset_model.fit(state["dataset"], epochs=1, verbose=0,
+        compiled("dataset").fit(state["dataset"], epochs=1, verbose=0,
                           steps_per_epoch=message["warm"] + message["steps"],
                           callbacks=[training_table.KerasTimer(times)])
         steps, seconds = training_table.timed_part(times, message["warm"])
         return {"steps": steps, "seconds": seconds}
 
-    turns.serve({"fit_numpy": fit_numpy, "fit_dataset": fit_dataset},
-                keras=keras.__version__, tensorflow=tf.__version__)
+    def engine(message):
+        state["windows"] = state.get("windows", 0) + 1
+        steps, seconds = engine_window(
+            keras3_engine.Keras3Engine(), args.model, args.data, args.batch_size,
+            message["steps"], os.path.join(args.workdir, f"keras3-{args.model}-{os.getpid()}-"
+                                                         f"{state['windows']}"))
+        return {"steps": steps, "seconds": seconds}
+
+    turns.serve({"fit_numpy": fit_numpy, "fit_dataset": fit_dataset, "engine": engine},
+                keras=keras.__version__, tensorflow=tf.__version__,
+                backend=keras.backend.backend(), tf_keras=tf.keras.Model.__module__)
     return 0
 
 
-def variants(model_name, path, settings, arrays, arrays_file, keras3=True):
+KERAS3_ENGINE = "keras3 engine"
+KERAS3_NUMPY = "keras3 fit_numpy"
+JAX_ENGINE = "keras3[jax] engine"
+JAX_NUMPY = "keras3[jax] fit_numpy"
+
+
+def variants(model_name, path, settings, arrays, arrays_file, keras3=True, jax=None):
+    """The table's variants; ``jax``: an interpreter for the JAX rows, or None."""
     out = [
         EngineVariant(ENGINE, model_name, settings, path,
                       "KerasEngine.train on the experiment's plan (python -m experiments "
@@ -247,13 +306,55 @@ def variants(model_name, path, settings, arrays, arrays_file, keras3=True):
     ]
     if keras3:
         out += [
-            Keras3Variant("keras3 fit_numpy", model_name, settings, arrays_file, path,
+            Keras3Variant(KERAS3_ENGINE, model_name, settings, arrays_file, path, "engine",
+                          "Keras3Engine.train on the experiment's plan (python -m experiments "
+                          "train --engine keras3), TensorFlow backend, in a fresh interpreter"),
+            Keras3Variant(KERAS3_NUMPY, model_name, settings, arrays_file, path,
                           "fit_numpy", "plain Keras 3 Model.fit on numpy arrays, Adam(1e-3), "
-                          "in a fresh interpreter"),
+                          "TensorFlow backend, in a fresh interpreter"),
             Keras3Variant("keras3 fit(make_dataset)", model_name, settings, arrays_file, path,
                           "fit_dataset", "Keras 3 Model.fit on this package's pipeline "
-                          "(cache=auto)"),
+                          "(cache=auto), TensorFlow backend"),
         ]
+    if keras3 and jax:
+        out += [
+            Keras3Variant(JAX_ENGINE, model_name, settings, arrays_file, path, "engine",
+                          "the keras3 engine on KERAS_BACKEND=jax", backend="jax", python=jax),
+            Keras3Variant(JAX_NUMPY, model_name, settings, arrays_file, path, "fit_numpy",
+                          "plain Keras 3 Model.fit on numpy arrays on KERAS_BACKEND=jax",
+                          backend="jax", python=jax),
+        ]
+    return out
+
+
+def _targets(model_name, m, keras3):
+    bare = common.local_ratio(m.log, "engine Model.fit(make_dataset)", ENGINE)
+    why = (None if bare is None else
+           f"a bare Model.fit on the same pipeline runs at {bare:.2f}x the engine")
+    pairs = [(ENGINE, "tf_keras fit_numpy", "keras.{}.vs_tf_keras_numpy",
+              "keras engine / plain tf-keras fit on numpy", 1.0)]
+    if keras3:
+        pairs += [(ENGINE, KERAS3_NUMPY, "keras.{}.vs_keras3_numpy",
+                   "keras engine / plain Keras 3 fit on numpy", 1.0),
+                  (KERAS3_ENGINE, KERAS3_NUMPY, "keras.{}.keras3_vs_keras3_numpy",
+                   "keras3 engine / plain Keras 3 fit on numpy, TensorFlow backend", 1.0)]
+    return [common.target(ident.format(model_name), f"{model_name}: {label}",
+                          common.local_ratio(m.log, a, b), goal,
+                          why=m.errors.get(b) or m.errors.get(a) or (why if a == ENGINE else None))
+            for a, b, ident, label, goal in pairs]
+
+
+def jax_notes(model_name, m):
+    """The JAX rows' ratios, measured side by side: information, not targets
+    (nothing was promised for JAX on a CPU)."""
+    out = []
+    for a, b, label in ((JAX_ENGINE, JAX_NUMPY, "keras3 engine / plain Keras 3 fit on numpy, "
+                                                "both on JAX"),
+                        (JAX_NUMPY, KERAS3_NUMPY, "plain Keras 3 fit on numpy, JAX / "
+                                                  "TensorFlow backend")):
+        ratio = common.local_ratio(m.log, a, b)
+        if ratio is not None:
+            out.append(f"{model_name}: {label}: {ratio:.2f}x")
     return out
 
 
@@ -280,36 +381,30 @@ def run(settings, path=None, models=MODELS, keras3=True):
     arrays = common.load_arrays(path, "train")
     arrays_file = os.path.join(settings.workdir, "keras-arrays.npz")
     np.savez(arrays_file, x=arrays[0], y=arrays[1])
-    rows, targets = [], []
+    rows, targets, notes = [], [], []
+    jax = jax_python(settings) if keras3 else None
     load_start = common.load_average()
     for model_name in models:
-        vs = variants(model_name, path, settings, arrays, arrays_file, keras3)
+        vs = variants(model_name, path, settings, arrays, arrays_file, keras3, jax)
         repeats = settings.repeats_for(5 if model_name == "seed_cnn" else 7)
         m = common.run_alternating(vs, repeats, f"{TABLE}/{model_name}", reference=ENGINE)
         model_rows = common.rows_from(vs, m, reference=ENGINE, unit="steps/s")
         for row in model_rows:
             row["name"] = f"{model_name} {row['name']}"
         rows.extend(model_rows)
-        bare = common.local_ratio(m.log, "engine Model.fit(make_dataset)", ENGINE)
-        why = (None if bare is None else
-               f"a bare Model.fit on the same pipeline runs at {bare:.2f}x the engine")
-        for other, label in (("tf_keras fit_numpy", "plain tf-keras fit on numpy"),
-                             ("keras3 fit_numpy", "plain Keras 3 fit on numpy")):
-            if other.startswith("keras3") and not keras3:
-                continue
-            targets.append(common.target(
-                f"keras.{model_name}.vs_{other.split()[0]}_numpy",
-                f"{model_name}: keras engine / {label}",
-                common.local_ratio(m.log, ENGINE, other), 1.0,
-                why=m.errors.get(other) or m.errors.get(ENGINE) or why))
+        targets += _targets(model_name, m, keras3)
+        notes += jax_notes(model_name, m) if jax else []
     return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "window_steps"],
             "targets": targets, "dataset": path, "tensorflow": tf.__version__,
             "load_before": load_start, "load_after": common.load_average(),
             "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
                       "`engine` windows of the same model before and after it)",
-                      "engine windows: one fresh KerasEngine.train run each, timed between "
-                      "its progress lines; Keras 3 rows run in a child interpreter"]}
+                      "engine windows: one fresh KerasEngine.train (or Keras3Engine.train) "
+                      "run each, timed between its progress lines; Keras 3 rows run in a "
+                      "child interpreter each",
+                      f"JAX rows: {jax}" if jax else "JAX rows: none (no interpreter with "
+                      "Keras 3 and JAX: --python-jax, or .venv-jax in the checkout)"] + notes}
 
 
 def main(argv=None):
@@ -320,7 +415,10 @@ def main(argv=None):
     parser.add_argument("--data", required=True)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    return serve(parser.parse_args(argv))
+    parser.add_argument("--workdir", default=None, help="model dirs of the engine's windows")
+    args = parser.parse_args(argv)
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="keras-table-")
+    return serve(args)
 
 
 if __name__ == "__main__":

@@ -160,12 +160,30 @@ def run_schedule(data_dir, model_dir, options):
     return {"rates": rates, "optimizer": type(optimizer).__name__}
 
 
+def run_bfloat16(data_dir, model_dir, options):
+    """precision mixed_bfloat16 as the runner builds it (precision.with_policy):
+    the hidden layers compute in bfloat16, the softmax in float32, and the
+    weights stay float32 through training and its checkpoint."""
+    from estimator_keras import precision  # pylint: disable=import-outside-toplevel
+    evaluations = []
+    plan = dataclasses.replace(
+        make_plan(data_dir, model_dir, evaluations, [], **dict(dict(max_steps=5), **options)),
+        build_model=precision.with_policy(build, precision.MIXED_BFLOAT16))
+    result = keras3.Keras3Engine().train(plan)
+    layers = [layer for layer in result.model.layers if layer.weights]
+    return dict(step=result.global_step, metrics=result.metrics,
+                compute=[layer.compute_dtype for layer in layers],
+                weights=sorted({v.dtype for v in result.model.weights}),
+                output=str(keras.ops.convert_to_numpy(result.model(
+                    {"x": keras.ops.zeros((2, NUM_FEATURES))})).dtype))
+
+
 def run_all(data_dir, model_dir, options):
     """Every in-process scenario, each in a model dir of its own: one
     interpreter (and one backend start-up) for all of them."""
     return {name: fn(data_dir, os.path.join(model_dir, name), options) for name, fn in (
         ("train", run_train), ("restore", run_restore), ("nan", run_nan), ("early", run_early),
-        ("mirrored", run_mirrored), ("schedule", run_schedule))}
+        ("mirrored", run_mirrored), ("schedule", run_schedule), ("bfloat16", run_bfloat16))}
 
 
 def run_forever(data_dir, model_dir, options):
@@ -208,6 +226,7 @@ def _report(out):
 
 SCENARIOS = {"all": run_all, "train": run_train, "restore": run_restore, "nan": run_nan,
              "early": run_early, "mirrored": run_mirrored, "schedule": run_schedule,
+             "bfloat16": run_bfloat16,
              "forever": run_forever, "resume": run_resume}
 
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from benchmarks import cache_memory, common, input_table, legacy, training_table, writing_table
 from benchmarks.common import IMAGE, LABEL
-from support import child_env
+from support import child_env, keras3_installed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_TRAIN, N_TEST, BATCH = 200, 40, 16
@@ -290,6 +290,24 @@ def test_accuracy_targets_from_runs():
     cost, gain = targets["accuracy.reshuffle_cost"], targets["accuracy.reshuffle_gain"]
     assert cost["value"] == pytest.approx(1.048) and cost["met"] is True
     assert gain["value"] == pytest.approx(0.3) and gain["met"] is True
+
+    # The keras3 engine's run must end at the experiment's accuracy.
+    for final, met in ((0.931, True), (0.92, False)):
+        rows = [row("keras_numpy", 100.0, 0.926), row("project_keras3", 99.0, final)]
+        targets = {t["id"]: t for t in accuracy_table.run_targets(rows, 6000)}
+        assert targets["accuracy.keras3_final"]["met"] is met
+        assert targets["accuracy.keras3_final"]["value"] == final
+
+
+def test_accuracy_default_runs_drop_the_float32_repeat_only_where_auto_is_float32():
+    from benchmarks import accuracy_runs  # pylint: disable=import-outside-toplevel
+
+    assert accuracy_runs.default_runs(False) == list(accuracy_runs.DEFAULT_RUNS)
+    assert "project_fp32" in accuracy_runs.DEFAULT_RUNS
+    without = accuracy_runs.default_runs(True)
+    assert "project_fp32" not in without
+    assert set(accuracy_runs.DEFAULT_RUNS) - set(without) == {"project_fp32"}
+    assert {"project_default", "project_keras3"} <= set(without)
 
 
 def test_accuracy_run_plans_scale_batch_steps_and_evaluation():
@@ -643,3 +661,15 @@ def test_engine_matrix_runs_a_case_and_reports_it():
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("Keras 2")]
     assert len(line) == 1 and line[0].split()[2:4] == ["fit", "ok"], proc.stdout
+    # Only --keras given: no keras3 engine probes.
+    assert "keras3 engine" not in proc.stdout
+
+
+@pytest.mark.skipif(keras3_installed(), reason="checks an environment without Keras 3")
+def test_engine_matrix_names_what_to_install_for_the_keras3_engine():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_matrix", "--keras3-engine", "jax"],
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "keras3 engine, jax        not installed here" in proc.stdout, proc.stdout
+    assert "pip install -e '.[jax]'" in proc.stdout and "Keras 2" not in proc.stdout

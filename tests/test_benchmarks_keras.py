@@ -35,16 +35,48 @@ def test_keras_table_on_tiny_data(tiny, tmp_path):
 
     settings = common.Settings(data_dir=tiny, quick=True, repeats=1, window_s=0.01,
                                workdir=str(tmp_path / "work"), batch_size=16)
+    jax = keras_table.jax_python(settings)
     result = keras_table.run(settings, models=("seed_mlp",))
     rows = {row["name"]: row for row in result["rows"]}
-    assert set(rows) == {f"seed_mlp {n}" for n in (
-        "engine", "engine Model.fit(make_dataset)", "tf_keras fit_numpy", "keras3 fit_numpy",
-        "keras3 fit(make_dataset)")}
+    expected = ["engine", "engine Model.fit(make_dataset)", "tf_keras fit_numpy",
+                "keras3 engine", "keras3 fit_numpy", "keras3 fit(make_dataset)"]
+    expected += ["keras3[jax] engine", "keras3[jax] fit_numpy"] if jax else []
+    assert set(rows) == {f"seed_mlp {n}" for n in expected}
     for row in rows.values():
         assert not row.get("error"), row["error"]
         assert row["median"] > 0 and row["ratio"] > 0
-    assert rows["seed_mlp keras3 fit_numpy"]["keras"].startswith("3.")
+    for name in expected:
+        if name.startswith("keras3"):
+            row = rows[f"seed_mlp {name}"]
+            # Keras 3 itself, not the tf-keras that importing the package asks for.
+            assert row["keras"].startswith("3.") and row["tf_keras"].startswith("keras."), row
+            assert row["backend"] == ("jax" if "[jax]" in name else "tensorflow")
     ids = {t["id"] for t in result["targets"]}
-    assert ids == {"keras.seed_mlp.vs_tf_keras_numpy", "keras.seed_mlp.vs_keras3_numpy"}
+    assert ids == {"keras.seed_mlp.vs_tf_keras_numpy", "keras.seed_mlp.vs_keras3_numpy",
+                   "keras.seed_mlp.keras3_vs_keras3_numpy"}
     assert all(t["value"] > 0 for t in result["targets"])
+    assert any(n.startswith("seed_mlp: keras3 engine / plain Keras 3 fit on numpy, both on "
+                            "JAX") for n in result["notes"]) == bool(jax)
     json.dumps(result)
+
+
+@pytest.mark.slow
+def test_engine_matrix_probes_the_keras3_engine():
+    """Two of the keras3 engine's probes through `python -m experiments`: a
+    rerun that resumes, and a local cluster the engine refuses."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from support import ROOT, child_env  # pylint: disable=import-outside-toplevel
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_matrix", "--keras3-engine", "tensorflow",
+         "--engine-cases", "rerun_resumes,cluster", "--timeout", "600"],
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=1300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {line.split()[3]: line for line in proc.stdout.splitlines()
+             if line.startswith("keras3 engine, tensorflow")}
+    assert set(lines) == {"rerun_resumes", "cluster"}, proc.stdout
+    assert "ok (resumed at step 10, ended at 20)" in lines["rerun_resumes"], proc.stdout
+    assert "refused: error: the keras3 engine" in lines["cluster"], proc.stdout
+    assert "Keras 2" not in proc.stdout

@@ -168,6 +168,13 @@ def test_the_cosine_learning_rate_drives_a_keras3_optimizer(scenarios):
     assert run["rates"] == pytest.approx([0.1, 0.01], rel=1e-5)
 
 
+def test_mixed_bfloat16_computes_in_bfloat16_with_a_float32_softmax(scenarios):
+    run = scenarios["bfloat16"]
+    assert run["step"] == 5 and 0.0 <= run["metrics"]["accuracy"] <= 1.0
+    assert run["compute"] == ["bfloat16", "float32"]
+    assert run["weights"] == ["float32"] and run["output"] == "float32"
+
+
 def test_nan_loss_stops_with_the_last_good_checkpoint(scenarios):
     error = scenarios["nan"]["error"]
     assert error and "step 1:" in error and "NaN or infinite" in error
