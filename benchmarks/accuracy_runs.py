@@ -226,7 +226,7 @@ def _project(spec, args, clock):
     metrics = base.plain_metrics(result.metrics or {})
     clock.done(step=result.global_step, metrics={k: v for k, v in metrics.items()
                                                  if isinstance(v, (int, float))},
-               engine=engine.name, tensorflow=tf.__version__,
+               engine=engine.name, tensorflow=tf.__version__, keras=_keras_version(),
                precision=policy)
 
 
