@@ -362,7 +362,7 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
     knob_rows = run_knobs(path, settings) if knobs else []
     names = list(runs or settings.accuracy_runs or
                  accuracy_runs.default_runs(_auto_is_float32(config)))
-    notes = []
+    notes = [] if knobs else ["the knob screen was not run (--no-accuracy-knobs)"]
     if accuracy_runs.SAME_AS_DEFAULT_IN_FLOAT32 not in names and not (runs or
                                                                       settings.accuracy_runs):
         notes.append(f"{accuracy_runs.SAME_AS_DEFAULT_IN_FLOAT32} left out: precision auto is "

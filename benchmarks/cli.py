@@ -88,6 +88,9 @@ def build_parser():
                    help=f"the accuracy table's runs (default: "
                         f"{','.join(accuracy_runs.DEFAULT_RUNS)}; see "
                         f"benchmarks/accuracy_runs.py)")
+    p.add_argument("--no-accuracy-knobs", dest="accuracy_knobs", action="store_false",
+                   help="the accuracy table's whole runs only, without its knob screen "
+                        "(examples/s of bfloat16, XLA, threads, batch sizes)")
     p.add_argument("--rounds", type=int, default=None,
                    help=f"runs of each of {', '.join(ROUND_TABLES)}, each in a fresh process; "
                         f"a target is met only when every round meets it (default "
@@ -183,6 +186,8 @@ def _child_args(args, python, table, json_path, workdir, pythons):
             argv += [flag, str(value)]
     if args.quick:
         argv.append("--quick")
+    if not args.accuracy_knobs:
+        argv.append("--no-accuracy-knobs")
     return argv
 
 
@@ -241,7 +246,7 @@ def main(argv=None):
                                accuracy_runs=args.accuracy_runs.split(",")
                                if args.accuracy_runs else None)
     here = environment_of()
-    extra = {"accuracy": {"steps": args.accuracy_steps}} if args.accuracy_steps else {}
+    extra = {"accuracy": {"steps": args.accuracy_steps, "knobs": args.accuracy_knobs}}
     out = {"meta": {"command": "python -m benchmarks " + " ".join(
                         argv if argv is not None else sys.argv[1:]),
                     "started": common.now_iso(), "settings": settings.to_json(),

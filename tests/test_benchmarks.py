@@ -673,3 +673,17 @@ def test_engine_matrix_names_what_to_install_for_the_keras3_engine():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "keras3 engine, jax        not installed here" in proc.stdout, proc.stdout
     assert "pip install -e '.[jax]'" in proc.stdout and "Keras 2" not in proc.stdout
+
+
+def test_cli_passes_no_accuracy_knobs_to_the_table_child():
+    from benchmarks import cli  # pylint: disable=import-outside-toplevel
+
+    pythons = {"estimator": None, "keras": None}
+    args = cli.build_parser().parse_args(["--tables", "accuracy", "--no-accuracy-knobs"])
+    assert args.accuracy_knobs is False
+    assert "--no-accuracy-knobs" in cli._child_args(  # pylint: disable=protected-access
+        args, "python", "accuracy", "t.json", "/work", pythons)
+    args = cli.build_parser().parse_args(["--tables", "accuracy"])
+    assert args.accuracy_knobs is True
+    assert "--no-accuracy-knobs" not in cli._child_args(  # pylint: disable=protected-access
+        args, "python", "accuracy", "t.json", "/work", pythons)
