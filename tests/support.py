@@ -3,6 +3,7 @@ ending what they start, reading checkpoints."""
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -160,3 +161,57 @@ def sample_flag_value(action, known):
     if action.type in (int, float):
         return flag, [str(action.type(3))]
     return flag, ["sample-%s" % action.dest]
+
+
+def vertex_env(base, trial_id=None, **extra):
+    """The environment Vertex AI gives a one-replica job whose base output
+    directory is ``base`` (local here): the AIP_* folders, TF_CONFIG naming
+    the chief alone, and for a tuning trial its id and metric file."""
+    from estimator_keras.distribute.launcher import free_ports  # pylint: disable=import-outside-toplevel
+
+    env = child_env(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
+                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/",
+                    TF_CONFIG=json.dumps({"cluster": {"chief": [f"127.0.0.1:{free_ports(1)[0]}"]},
+                                          "task": {"type": "chief", "index": 0}, "job": {}}),
+                    **extra)
+    if trial_id is not None:
+        env.update(CLOUD_ML_TRIAL_ID=str(trial_id),
+                   CLOUD_ML_HP_METRIC_FILE=os.path.join(str(base), "hypertune", "output.metrics"))
+    return env
+
+
+def assert_vertex_layout(base, model_file, steps=20):
+    """A run under :func:`vertex_env` wrote where Vertex looks: checkpoints in
+    AIP_CHECKPOINT_DIR, the export flat in AIP_MODEL_DIR (Model Registry
+    imports its root) with ``model_file``, and event files in the log dir.
+    Returns (export.json, the event files)."""
+    assert checkpoint_steps(os.path.join(base, "checkpoints"))[-1] == steps
+    model = os.path.join(base, "model")
+    assert os.path.isfile(os.path.join(model, "saved_model.pb"))
+    assert os.path.isdir(os.path.join(model, "variables"))
+    for name in (model_file, "weights.h5", "export.json"):
+        assert os.path.isfile(os.path.join(model, name)), name
+    assert not os.path.exists(os.path.join(model, "saved_model"))
+    stray = [n for n in os.listdir(model)
+             if n.startswith(("model.ckpt", "events.out", "checkpoint", "ckpt-"))]
+    assert not stray, stray
+    events = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(base, "logs"))
+              for f in files if f.startswith("events.out.tfevents")]
+    assert events, "no event files in AIP_TENSORBOARD_LOG_DIR"
+    with open(os.path.join(model, "export.json"), encoding="utf-8") as f:
+        return json.load(f), events
+
+
+def session_hparams(paths):
+    """The HParams of the last session-start summary in the event files ``paths``."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
+
+    found = {}
+    for path in paths:
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == metadata.SESSION_START_INFO_TAG:
+                    found = metadata.parse_session_start_info_plugin_data(
+                        value.metadata.plugin_data.content).hparams
+    return found

@@ -5,13 +5,12 @@ a rerun that trains nothing, evaluate/export of the model dir, and a run as
 a Vertex AI tuning trial."""
 
 import json
-import os
 import re
 
 import pytest
 
-from estimator_keras.distribute.launcher import free_ports
-from support import KERAS3_BACKENDS, checkpoint_steps, child_env, cli
+from support import (KERAS3_BACKENDS, assert_vertex_layout, child_env, cli, session_hparams,
+                     vertex_env)
 
 pytestmark = pytest.mark.slow
 
@@ -65,43 +64,18 @@ def test_keras3_as_a_vertex_tuning_trial(backend, fashion_data, tmp_path):
     folders, the chief-only TF_CONFIG of a one-replica job, the trial's value
     appended to the arguments. Checkpoints, export, summaries (HParams
     included) and the hypertune report land where Vertex looks for them."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
-
     base = tmp_path / "tune" / "3"
-    env = child_env(
-        KERAS_BACKEND=backend, AIP_MODEL_DIR=f"{base}/model/",
-        AIP_CHECKPOINT_DIR=f"{base}/checkpoints/", AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/",
-        CLOUD_ML_TRIAL_ID="3", CLOUD_ML_HP_METRIC_FILE=str(base / "hypertune" / "output.metrics"),
-        TF_CONFIG=json.dumps({"cluster": {"chief": [f"127.0.0.1:{free_ports(1)[0]}"]},
-                              "task": {"type": "chief", "index": 0}, "job": {}}))
     rc, out, err = cli("train", "fashion_mnist_mlp", "--engine", "keras3", "--data-dir",
                        fashion_data, "--max-steps", 20, "--eval-every", 20, "--batch-size", 32,
                        "--tuning-trial", "--hypertune-metric", "accuracy",
-                       "--learning_rate=0.003", env=env, timeout=900)
+                       "--learning_rate=0.003", env=vertex_env(base, 3, KERAS_BACKEND=backend),
+                       timeout=900)
     assert rc == 0, err[-3000:]
-    assert checkpoint_steps(base / "checkpoints")[-1] == 20
-    model = base / "model"
-    # Model Registry imports AIP_MODEL_DIR: the SavedModel at its root.
-    assert (model / "saved_model.pb").is_file() and (model / "variables").is_dir()
-    for name in ("model.keras", "weights.h5", "export.json"):
-        assert (model / name).is_file(), name
-    assert not (model / "saved_model").exists()
-    info = json.loads((model / "export.json").read_text())
+    info, events = assert_vertex_layout(base, "model.keras")
     assert (info["engine"], info["backend"], info["global_step"]) == ("keras3", backend, 20)
 
     (line,) = (base / "hypertune" / "output.metrics").read_text().splitlines()
     report = json.loads(line)
     assert report["trial"] == "3" and report["global_step"] == "20"
     assert float(report["accuracy"]) == pytest.approx(info["metrics"]["accuracy"])
-
-    events = [os.path.join(d, f) for d, _, files in os.walk(base / "logs") for f in files
-              if f.startswith("events.out.tfevents")]
-    found = {}
-    for path in events:
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == metadata.SESSION_START_INFO_TAG:
-                    found = metadata.parse_session_start_info_plugin_data(
-                        value.metadata.plugin_data.content).hparams
-    assert found["learning_rate"].number_value == pytest.approx(0.003), events
+    assert session_hparams(events)["learning_rate"].number_value == pytest.approx(0.003)

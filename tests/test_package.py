@@ -15,8 +15,7 @@ import pytest
 from estimator_keras.cloud import packaging, vertex
 from estimator_keras.cloud import space as space_lib
 from estimator_keras.cloud.spec import JobSpec
-from estimator_keras.distribute.launcher import free_ports
-from support import ROOT, checkpoint_steps, child_env, cli
+from support import ROOT, assert_vertex_layout, cli, session_hparams, vertex_env
 
 pytestmark = pytest.mark.slow
 
@@ -103,36 +102,15 @@ def _vertex_run(request, fashion_data, bucket, trial_id=None, appended=()):
     base = local(job_spec["baseOutputDirectory"]["outputUriPrefix"])
     if trial_id is not None:
         base = "%s/%s" % (base, trial_id)
-    env = child_env(
-        AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
-        AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/",
-        # As Vertex sets it for a single-replica job: the chief alone.
-        TF_CONFIG=json.dumps({"cluster": {"chief": [f"127.0.0.1:{free_ports(1)[0]}"]},
-                              "task": {"type": "chief", "index": 0}, "job": {}}))
-    if trial_id is not None:
-        env.update(CLOUD_ML_TRIAL_ID=str(trial_id),
-                   CLOUD_ML_HP_METRIC_FILE=os.path.join(base, "hypertune", "output.metrics"))
+    env = vertex_env(base, trial_id)
     rc, out, err = cli(*args, env=env)
     assert rc == 0, err[-3000:]
     return pathlib.Path(base), out
 
 
 def _assert_vertex_layout(base, out):
-    assert checkpoint_steps(base / "checkpoints")[-1] == 20
-    model = base / "model"
-    # Model Registry imports AIP_MODEL_DIR: the SavedModel at its root, flat.
-    assert (model / "saved_model.pb").is_file() and (model / "variables").is_dir()
-    for name in ("model.h5", "weights.h5", "export.json"):
-        assert (model / name).is_file(), name
-    assert not (model / "saved_model").exists()
-    stray = [n for n in os.listdir(model)
-             if n.startswith(("model.ckpt", "events.out", "checkpoint"))]
-    assert not stray, stray
-    events = [os.path.join(d, f) for d, _, files in os.walk(base / "logs") for f in files
-              if f.startswith("events.out.tfevents")]
-    assert events, "no event files in AIP_TENSORBOARD_LOG_DIR"
-    assert str(model / "model.h5") in out
-    info = json.loads((model / "export.json").read_text())
+    info, events = assert_vertex_layout(base, "model.h5")
+    assert str(base / "model" / "model.h5") in out
     assert 0.0 < info["metrics"]["accuracy"] <= 1.0
     return info, events
 
@@ -157,9 +135,6 @@ def test_vertex_tuning_trial_reports_its_metric_and_hparams(fashion_data, tmp_pa
     the per-trial AIP_* folders; it reports the metric the documented way and
     writes HParams summaries."""
     _require_wiring(tuning=True)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
-
     space = tmp_path / "space.yaml"
     space.write_text("learning_rate: {type: double, min: 0.0001, max: 0.01, scale: log}\n")
     spec = JobSpec(experiment="fashion_mnist_mlp", project="my-project-123",
@@ -177,11 +152,4 @@ def test_vertex_tuning_trial_reports_its_metric_and_hparams(fashion_data, tmp_pa
     assert report["trial"] == "3" and report["global_step"] == "20"
     assert float(report["accuracy"]) == pytest.approx(info["metrics"]["accuracy"])
 
-    found = {}
-    for path in events:
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == metadata.SESSION_START_INFO_TAG:
-                    found = metadata.parse_session_start_info_plugin_data(
-                        value.metadata.plugin_data.content).hparams
-    assert found["learning_rate"].number_value == pytest.approx(0.003)
+    assert session_hparams(events)["learning_rate"].number_value == pytest.approx(0.003)
