@@ -233,6 +233,11 @@ def _project(spec, args, clock):
 def _keras_numpy(spec, args, clock):
     import numpy as np  # pylint: disable=import-outside-toplevel
 
+    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+
+    # Plain Keras 3 where the spec asks: importing this package would
+    # otherwise hand tf.keras to tf-keras wherever it is installed.
+    engines.prepare_keras("keras3" if spec.get("keras3") else "auto")
     common.quiet_tensorflow()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
@@ -265,7 +270,8 @@ def _keras_numpy(spec, args, clock):
 
     model.fit(x, y, batch_size=spec["batch_size"], epochs=math.ceil(spec["steps"] / per_epoch),
               validation_data=(tx, ty), shuffle=True, verbose=0, callbacks=[Turns()])
-    clock.done(step=state["step"], tensorflow=tf.__version__, keras=_keras_version())
+    clock.done(step=state["step"], tensorflow=tf.__version__, keras=_keras_version(),
+               model_module=type(model).__module__)
 
 
 def _keras_version():

@@ -258,8 +258,8 @@ def _run_row(record):
            "precision": done.get("precision") or spec.get("precision", "float32"),
            "curve": [{"step": e["step"], "active_s": e["active_s"], "accuracy": e["accuracy"],
                       "loss": e.get("loss")} for e in evals],
-           "pauses": record["pauses"], "versions": {k: done.get(k) for k in
-                                                    ("tensorflow", "keras", "engine")}}
+           "pauses": record["pauses"],
+           "versions": {k: done.get(k) for k in ("tensorflow", "keras", "engine", "model_module")}}
     steps_done = done.get("step")
     if steps_done and done.get("active_s"):
         row["steps_per_wall_s"] = steps_done / done["active_s"]
