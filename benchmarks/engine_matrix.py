@@ -101,9 +101,7 @@ def _run_tasks(case, major, timeout):
         return f"timed out after {timeout} s"
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _end(proc)
     failed = [(rc, out) for rc, out in outputs if rc != 0]
     if not failed:
         module = next((line.split()[1] for _, out in outputs for line in out.splitlines()
