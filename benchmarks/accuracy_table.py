@@ -360,11 +360,11 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
     eval_fraction = config.train.eval_every_steps / config.train.max_steps
     load_start = common.load_average()
     knob_rows = run_knobs(path, settings) if knobs else []
-    names = list(runs or settings.accuracy_runs or
-                 accuracy_runs.default_runs(_auto_is_float32(config)))
+    chosen = runs or settings.accuracy_runs
+    auto_float32 = not chosen and _auto_is_float32(config)
+    names = list(chosen or accuracy_runs.default_runs(auto_float32))
     notes = [] if knobs else ["the knob screen was not run (--no-accuracy-knobs)"]
-    if accuracy_runs.SAME_AS_DEFAULT_IN_FLOAT32 not in names and not (runs or
-                                                                      settings.accuracy_runs):
+    if auto_float32:
         notes.append(f"{accuracy_runs.SAME_AS_DEFAULT_IN_FLOAT32} left out: precision auto is "
                      f"float32 on this CPU (no native bfloat16), so project_default is it")
     rows = run_runs(path, settings, names, steps, eval_fraction, config.train.learning_rate)
