@@ -36,8 +36,9 @@ def task_log(info, message):
     say(f"[{info.task_name}] {message}" if info.is_distributed else message)
 
 
-def header_line(config, strategy_name, replicas, info, engine_name):
-    """The run's first line: experiment, strategy, batch sizes and engine."""
+def header_line(config, strategy_name, replicas, info, engine_name, how=None):
+    """The run's first line: experiment, strategy (``how`` it runs, where
+    that is not TensorFlow's), batch sizes and engine."""
     train = config.train
     if strategy_name == "parameter_server":
         # Asynchronous updates: every worker step is one global step of
@@ -46,7 +47,8 @@ def header_line(config, strategy_name, replicas, info, engine_name):
         return (f"experiment {config.name}: strategy {strategy_name}, batch size "
                 f"{train.batch_size} per update, {info.num_workers} training "
                 f"task(s) updating asynchronously; engine {engine_name}")
-    return (f"experiment {config.name}: strategy {strategy_name}, batch size "
+    strategy = f"{strategy_name} ({how})" if how else strategy_name
+    return (f"experiment {config.name}: strategy {strategy}, batch size "
             f"{train.batch_size} per replica, {train.batch_size * replicas} "
             f"global ({replicas} replica(s)); engine {engine_name}")
 
@@ -80,16 +82,17 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
                     f"`python -m experiments prepare {name} --data-dir {data_dir}` first.")
 
 
-def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None):
+def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, shard=None):
     """Train and eval input_fns over the experiment's dataset; ``seed``
-    makes their shuffles (and so the run) repeatable."""
+    makes their shuffles (and so the run) repeatable; ``shard``
+    (processes, rank) gives this process its share of the training files
+    where no ``tf.distribute.InputContext`` will."""
     data = config.data
     input_config = inputs.InputConfig(
         features=data.features, label=data.label, shuffle=data.shuffle,
         shuffle_buffer=data.shuffle_buffer, cache=data.cache,
         cache_budget_mb=data.cache_budget_mb, cache_shuffle=data.cache_shuffle,
         skip_corrupt=skip_corrupt, seed=seed)
-    shard = None
     if info is not None and info.has_ps and info.task_type in tf_config.TRAINING_TYPES:
         # Parameter-server workers get no InputContext: split the files
         # between chief and workers from TF_CONFIG instead.
@@ -193,8 +196,9 @@ class RunContext:
               strategy="auto", engine="auto", skip_corrupt=False, prepare_workers=1,
               export_dir=None, tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS,
               flat_export=False, hypertune_metric=None):
-        info = tf_config.parse_tf_config()
         engine_name = engine_for(engine, model_dir)
+        # TF_CONFIG, or the processes an engine trains with outside TensorFlow.
+        info, group = engines.cluster_info(engine_name)
         # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
         gpus = strategy_lib.local_gpu_count() if strategy in ("auto", "mirrored") else 0
         strategy_name = strategy_lib.choose_strategy(strategy, info, gpus)
@@ -206,11 +210,13 @@ class RunContext:
             workers=(f"the {info.num_workers} training tasks in TF_CONFIG"
                      if info.num_workers > 1 else None),
             strategy=strategy_name)
-        distribute = strategy_lib.make_train_distribute(strategy_name, cluster_info=info)
+        distribute = (group.distribution() if group is not None else
+                      strategy_lib.make_train_distribute(strategy_name, cluster_info=info))
         # Only now: importing an engine loads Keras.
         engine_obj = engines.get_engine(engine_name)
         replicas = strategy_lib.num_replicas(distribute)
-        task_log(info, header_line(config, strategy_name, replicas, info, engine_obj.name))
+        task_log(info, header_line(config, strategy_name, replicas, info, engine_obj.name,
+                                   getattr(distribute, "description", None)))
         dataset_path = ensure_data(config, data_dir, source_dir,
                                    is_chief=info.is_chief, num_workers=prepare_workers)
         check_numeric_inputs(config, dataset_path)
@@ -228,7 +234,8 @@ class RunContext:
         engines.check_model_keras(probe, engine_obj.name,
                                   source=f"experiment {config.name}'s model builder")
         check_inputs(probe, config, dataset_path)
-        train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed)
+        train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
+                                      shard=getattr(distribute, "input_shard", None))
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,
                    strategy_name=strategy_name, distribute=distribute, replicas=replicas,
                    model_dir=str(model_dir), export_dir=export_dir,

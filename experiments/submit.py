@@ -1,4 +1,4 @@
-"""`python -m experiments submit`: run an experiment as a Vertex AI custom job or a TFJob.
+"""`python -m experiments submit`: run an experiment as a Vertex AI custom job, a TFJob or a JAXJob.
 
 Examples::
 
@@ -22,6 +22,15 @@ Examples::
         --job-dir gs://my-bucket/runs/1 --workers 2 \\
         --container-image gcr.io/p/ek:1 --output tfjob.yaml
 
+    # the keras3 engine on JAX, 3 processes: a Kubeflow JAXJob, or Vertex AI
+    # (an image built with --build-arg STACK=keras3 --build-arg PYTHON_VERSION=3.12)
+    python -m experiments submit fashion_mnist_cnn --target jaxjob --engine keras3 \\
+        --job-dir gs://my-bucket/runs/4 --workers 2 \\
+        --container-image gcr.io/p/ek:keras3 --output jaxjob.yaml
+    python -m experiments submit fashion_mnist_cnn --engine keras3 --project my-proj \\
+        --region us-central1 --job-dir gs://my-bucket/runs/5 --workers 2 \\
+        --container-image gcr.io/p/ek:keras3 --dry-run
+
     # your own experiment: your package is built and installed beside this one,
     # the job imports --module by name and reads the uploaded config file
     python -m experiments --module my_experiments submit my_cnn \\
@@ -40,8 +49,9 @@ from typing import Callable, List, Optional, Sequence
 
 from estimator_keras import engines, io
 from estimator_keras.cloud import space as space_lib
-from estimator_keras.cloud import packaging, submission, tfjob
-from estimator_keras.cloud.spec import DEFAULT_MACHINE_TYPE, JobSpec
+from estimator_keras.cloud import jaxjob, packaging, submission, tfjob
+from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, KERAS_BACKENDS, JobSpec,
+                                        check_keras3_job)
 from estimator_keras.errors import ConfigError, UsageError
 from experiments import catalog, config_files, hparams, registry, train_flags
 
@@ -53,6 +63,8 @@ OWN_FLAGS = ("name", "model_dir", "data_dir", "config")
 # Those the JobSpec puts into the job's arguments (--engine also picks the image).
 SPEC_FLAGS = OWN_FLAGS + ("engine",)
 POSITIVE_FLAGS = ("max_steps", "batch_size", "eval_every")
+# --target -> what writes its Kubeflow manifest.
+KUBEFLOW_TARGETS = {"tfjob": tfjob.build_tfjob_manifest, "jaxjob": jaxjob.build_jaxjob_manifest}
 
 
 def _count(text: str) -> int:
@@ -80,7 +92,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``submit`` subcommand to ``subparsers``; return its parser."""
     parser = subparsers.add_parser(
         "submit",
-        help="run an experiment as a Vertex AI custom job (or write a Kubeflow TFJob)",
+        help="run an experiment as a Vertex AI custom job (or write a Kubeflow TFJob or "
+             "JAXJob)",
         description=(
             "Package this project, upload it under --job-dir and start `train NAME` as "
             "a Vertex AI custom job with a chief, optional workers, parameter servers "
@@ -89,7 +102,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "puts checkpoints in JOB_DIR/checkpoints, event files in JOB_DIR/logs and "
             "the export in JOB_DIR/model; records are read from JOB_DIR/data (or "
             "--data-dir). --tune FILE makes it a hyperparameter tuning job. With "
-            "--target tfjob, write a Kubeflow TFJob manifest instead. Your own "
+            "--target tfjob, write a Kubeflow TFJob manifest instead; with --target "
+            "jaxjob (--engine keras3), a Kubeflow JAXJob. --engine keras3 runs an image "
+            "with Keras 3 and JAX (--container-image) on --keras-backend jax, its "
+            "processes (1 + --workers) training together. Your own "
             "experiments: --package-dir builds and installs your package too, and "
             "the job imports the modules of --module (or EK_MODULES) by name; "
             "--config FILE is uploaded to JOB_DIR/config and passed to train. "
@@ -128,24 +144,32 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="your own package (a folder with setup.py or pyproject.toml) "
                              "that holds the --module code: its sdist is built and "
                              "uploaded beside this package's and the job installs both "
-                             "(repeatable; not with --container-image or --target tfjob)")
+                             "(repeatable; not with --container-image or --target "
+                             "tfjob/jaxjob)")
     parser.add_argument("--package-uri", metavar="gs://...tar.gz",
                         help="use this uploaded sdist instead of building and uploading one")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the request and the commands; build, upload and "
                              "create nothing")
-    parser.add_argument("--target", choices=("vertex", "tfjob"), default="vertex",
-                        help="vertex (default) submits; tfjob writes a Kubeflow TFJob manifest")
+    parser.add_argument("--target", choices=("vertex",) + tuple(KUBEFLOW_TARGETS),
+                        default="vertex",
+                        help="vertex (default) submits; tfjob writes a Kubeflow TFJob "
+                             "manifest, jaxjob (--engine keras3) a Kubeflow JAXJob")
+    parser.add_argument("--keras-backend", choices=KERAS_BACKENDS,
+                        help="--engine keras3 only: KERAS_BACKEND of the job's containers "
+                             "(default jax; tensorflow only without --workers)")
     parser.add_argument("--image", metavar="URI",
                         help="vertex: the executor image that installs the uploaded package, "
                              "replacing the prebuilt one (TensorFlow 2.15 for the estimator "
-                             "engine, 2.17 for keras); tfjob: the container image")
+                             "engine, 2.17 for keras); tfjob, jaxjob: the container image")
     parser.add_argument("--container-image", metavar="URI",
                         help="an image with this package installed (see the Dockerfile): "
                              "vertex runs it with containerSpec and uploads no package; "
-                             "tfjob runs it")
+                             "tfjob and jaxjob run it (keras3 needs one with Keras 3 and "
+                             "JAX)")
     parser.add_argument("--output", metavar="FILE",
-                        help="write the TFJob YAML (tfjob) or the request JSON (vertex) here")
+                        help="write the manifest YAML (tfjob, jaxjob) or the request JSON "
+                             "(vertex) here")
     forwarded = train_flags.add_train_flags(
         parser.add_argument_group("train's flags, passed to the job's `train`"),
         exclude=OWN_FLAGS)
@@ -219,7 +243,7 @@ def _config(args, experiment):
     config = getattr(experiment, "config", None)
     path = getattr(args, "config", None)
     if config is None or not path or path.startswith("gs://") or (
-            args.target == "tfjob" and not io.isfile(path)):
+            args.target in KUBEFLOW_TARGETS and not io.isfile(path)):
         return config
     return config_files.apply(config, config_files.load(path), source="--config %s" % path)
 
@@ -229,10 +253,10 @@ def _check_package_dirs(args, package_dirs: Sequence[str]) -> None:
     not build, before any module is imported."""
     if not package_dirs:
         return
-    if args.target == "tfjob":
-        raise UsageError("--package-dir does not apply to --target tfjob: a TFJob "
+    if args.target in KUBEFLOW_TARGETS:
+        raise UsageError("--package-dir does not apply to --target %s: a Kubeflow job "
                          "installs nothing, so build your package into the image and "
-                         "pass --module with its module name there.")
+                         "pass --module with its module name there." % args.target)
     if args.container_image:
         raise UsageError("--package-dir cannot go with --container-image: a job run from "
                          "an image installs nothing, so the image must already contain "
@@ -297,16 +321,27 @@ def _study(args, config) -> Optional[space_lib.Study]:
     return study
 
 
+def _check_target(args) -> None:
+    """What the target and the engine refuse of each other and of the cluster,
+    before the engine's own cluster check (whose advice does not know targets)."""
+    engine = getattr(args, "engine", None) or "auto"
+    tfjob.check_engine(args.target, engine)
+    check_keras3_job(engine, args.keras_backend, args.workers, args.ps, args.evaluator)
+
+
 def _check_strategy(args) -> None:
     if args.ps and args.strategy in ("mirrored", "multi_worker_mirrored"):
         raise ConfigError(
             "--strategy %s does not use parameter servers, but --ps %d asks for some: "
             "use --strategy parameter_server (or auto), or drop --ps."
             % (args.strategy, args.ps))
-    engines.check_cluster(getattr(args, "engine", None) or "auto",
-                          ps="--ps" if args.ps else None,
+    engine = getattr(args, "engine", None) or "auto"
+    # keras3's workers are processes of JAX's distributed runtime
+    # (check_keras3_job), not the TensorFlow cluster tasks this checks.
+    engines.check_cluster(engine, ps="--ps" if args.ps else None,
                           evaluator="--evaluator" if args.evaluator else None,
-                          workers=f"--workers {args.workers}" if args.workers else None)
+                          workers=f"--workers {args.workers}"
+                          if args.workers and engine != "keras3" else None)
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")
@@ -338,6 +373,7 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
         origin = registry.origin_of("experiment", args.name)
     else:
         experiment = _check_experiment(args.name, known_experiments)
+    _check_target(args)
     _check_strategy(args)
     study = _study(args, _config(args, experiment))
     display_name = args.display_name or "%s-%s" % (
@@ -351,18 +387,19 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
         engine=getattr(args, "engine", None) or "auto",
         image=args.image if args.target == "vertex" else None,
         container_image=args.container_image, modules=modules, package_dirs=package_dirs,
-        config=getattr(args, "config", None))
+        config=getattr(args, "config", None), keras_backend=args.keras_backend)
 
-    if args.target == "tfjob":
+    if args.target in KUBEFLOW_TARGETS:
         image = args.container_image or args.image
         if not image:
-            raise UsageError("--target tfjob needs --container-image URI (or --image): an "
+            raise UsageError("--target %s needs --container-image URI (or --image): an "
                              "image with this package installed, such as one built from "
-                             "the repository's Dockerfile (a TFJob cannot install the sdist).")
+                             "the repository's Dockerfile (a Kubeflow job cannot install "
+                             "the sdist)." % args.target)
         if study is not None:
             raise UsageError("--tune runs on Vertex AI only; for a local study use "
                              "`python -m experiments tune`.")
-        text = tfjob.to_yaml(tfjob.build_tfjob_manifest(spec, image))
+        text = tfjob.to_yaml(KUBEFLOW_TARGETS[args.target](spec, image))
         if args.output:
             io.atomic_write(args.output, text)
             print("wrote %s; start it with: kubectl create -f %s"

@@ -391,18 +391,144 @@ def test_shapes_table_quick(tmp_path):
     assert result["targets"][0]["id"] == "shapes.mean_iou"
 
 
+CLUSTER_TF_ROWS = ("batch 16: one process", "batch 16: chief + 1 worker")
+CLUSTER_JAX_ROWS = ("batch 16: keras3 on JAX, one process", "batch 16: keras3 on JAX, 2 processes")
+
+
 @pytest.mark.slow
 def test_cluster_table_quick(tiny, settings):
     from benchmarks import cluster_table  # pylint: disable=import-outside-toplevel
 
+    jax = common.jax_python(settings)
     result = cluster_table.run(settings, batches=(16,), steps=6)
     rows = {row["name"]: row for row in result["rows"]}
-    assert set(rows) == {"batch 16: one process", "batch 16: chief + 1 worker"}
-    for row in rows.values():
-        assert not row.get("error"), row.get("error")
-        assert row["median"] > 0
+    assert list(rows) == [*CLUSTER_TF_ROWS, *CLUSTER_JAX_ROWS]
+    for name in CLUSTER_TF_ROWS + (CLUSTER_JAX_ROWS if jax else ()):
+        assert not rows[name].get("error"), rows[name].get("error")
+        assert rows[name]["median"] > 0 and "not_measured" not in rows[name]
+    for name in () if jax else CLUSTER_JAX_ROWS:
+        assert rows[name]["median"] is None and rows[name]["not_measured"]
     assert rows["batch 16: chief + 1 worker"]["replicas"] == 2
+    assert rows["batch 16: keras3 on JAX, 2 processes"]["replicas"] == 2
+    assert [t["id"] for t in result["targets"]] == ["cluster.b16"]
     assert result["targets"][0]["value"] > 0
+    assert result["python_jax"] == jax
+    assert any(n.startswith("batch 16: keras3 on JAX, 2 processes / one process: ")
+               for n in result["notes"]) == bool(jax)
+    json.dumps(result)
+
+
+def _fake_cluster_runs(monkeypatch, rates):
+    """Replaces the cluster table's runs: each returns ``rates[(jax, workers)]``
+    examples/s at once; returns the list of (workers, jax interpreter) run."""
+    from benchmarks import cluster_table  # pylint: disable=import-outside-toplevel
+
+    calls = []
+
+    def one(settings, data, batch, steps, workers, k, jax=None):
+        calls.append((workers, jax))
+        rate = rates[bool(jax), workers]
+        return {"seconds": 1.0, "step": steps, "steps_per_s": rate / batch,
+                "examples_per_s": rate}
+
+    monkeypatch.setattr(cluster_table, "_one", one)
+    return calls
+
+
+def test_cluster_table_alternates_the_jax_rows_with_the_others(tiny, settings, monkeypatch):
+    from benchmarks import cluster_table  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(common, "jax_python", lambda settings: "/jax/python")
+    calls = _fake_cluster_runs(monkeypatch, {(False, 0): 100.0, (False, 1): 80.0,
+                                             (True, 0): 200.0, (True, 1): 300.0})
+    settings.repeats = 2
+    result = cluster_table.run(settings, batches=(16,), steps=6)
+    one_round = [(0, None), (0, "/jax/python"), (1, None), (1, "/jax/python")]
+    assert calls == one_round + one_round[::-1]
+    rows = {row["name"]: row for row in result["rows"]}
+    assert list(rows) == [*CLUSTER_TF_ROWS, *CLUSTER_JAX_ROWS]
+    assert [rows[n]["median"] for n in CLUSTER_JAX_ROWS] == [200.0, 300.0]
+    assert [rows[n]["ratio"] for n in CLUSTER_JAX_ROWS] == [1.0, pytest.approx(1.5)]
+    assert rows[CLUSTER_TF_ROWS[1]]["ratio"] == pytest.approx(0.8)
+    # The JAX rows are information: the targets are the MultiWorkerMirrored ones alone.
+    assert [(t["id"], t["value"]) for t in result["targets"]] == [("cluster.b16",
+                                                                   pytest.approx(0.8))]
+    assert "batch 16: keras3 on JAX, 2 processes / one process: 1.50x examples/s " \
+           "(information, not a target)" in result["notes"]
+    assert any("/jax/python" in n and "share" in n for n in result["notes"])
+
+
+def test_cluster_table_reports_the_jax_rows_not_measured_without_jax(tiny, settings,
+                                                                     monkeypatch, tmp_path):
+    from benchmarks import cluster_table, report  # pylint: disable=import-outside-toplevel
+
+    assert common.no_jax_reason(settings).startswith("no interpreter with Keras 3 and JAX")
+    settings.python_jax = str(tmp_path / "no-such-python")
+    calls = _fake_cluster_runs(monkeypatch, {(False, 0): 100.0, (False, 1): 80.0})
+    result = cluster_table.run(settings, batches=(16,), steps=6)
+    assert calls == [(0, None), (1, None)]
+    reason = f"--python-jax {settings.python_jax} cannot import jax and keras"
+    rows = {row["name"]: row for row in result["rows"]}
+    assert list(rows) == [*CLUSTER_TF_ROWS, *CLUSTER_JAX_ROWS]
+    for name in CLUSTER_JAX_ROWS:
+        assert rows[name]["median"] is None and rows[name]["ratio"] is None
+        assert rows[name]["not_measured"] == reason and not rows[name]["error"]
+    for name in CLUSTER_TF_ROWS:
+        assert rows[name]["median"] > 0 and "not_measured" not in rows[name]
+    assert [t["id"] for t in result["targets"]] == ["cluster.b16"]
+    assert result["targets"][0]["met"] is False
+    assert f"keras3 on JAX rows: not measured: {reason}" in result["notes"]
+    markdown = report.table_markdown(result)
+    assert markdown.count("(not measured: --python-jax") == 2, markdown
+    assert common.format_table(result).count("not measured: --python-jax") == 3
+
+
+def test_cluster_runs_put_the_jax_rows_on_the_keras3_engine(settings, monkeypatch):
+    from benchmarks import cluster_table  # pylint: disable=import-outside-toplevel
+
+    calls = []
+
+    def run_experiments(args, timeout, python=None, env=None):
+        args = [str(a) for a in args]
+        calls.append((args, python, env))
+        line = "trained to step 6: loss 2.3, 4.0 steps/s, 128 examples/s on average\n"
+        if args[0] == "cluster":
+            log_dir = args[args.index("--log-dir") + 1]
+            os.makedirs(log_dir)
+            with open(os.path.join(log_dir, "chief-0.log"), "w") as f:
+                f.write(line)
+            return 0, "", "", 1.0
+        return 0, "", line, 1.0
+
+    monkeypatch.setattr(common, "run_experiments", run_experiments)
+    jax_run = cluster_table._one(settings, "DATA", 16, 6, 1, 0,  # pylint: disable=protected-access
+                                 jax="/jax/python")
+    tf_run = cluster_table._one(settings, "DATA", 16, 6, 0, 0)  # pylint: disable=protected-access
+    assert jax_run["examples_per_s"] == 128 and tf_run["steps_per_s"] == 4.0
+    (jax_args, jax_python, jax_env), (tf_args, tf_python, tf_env) = calls
+    assert jax_args[:2] == ["cluster", "fashion_mnist_mlp"] and "--engine" not in tf_args
+    assert jax_args[jax_args.index("--engine") + 1] == "keras3"
+    assert jax_args[jax_args.index("--workers") + 1] == "1"
+    assert (jax_python, jax_env) == ("/jax/python", {"KERAS_BACKEND": "jax",
+                                                     "TF_USE_LEGACY_KERAS": None})
+    assert tf_args[0] == "train" and (tf_python, tf_env) == (settings.python_estimator, None)
+
+
+def test_run_experiments_sets_and_removes_variables(monkeypatch):
+    seen = {}
+
+    def run(argv, **kwargs):
+        seen.update(argv=argv, env=kwargs["env"])
+        return subprocess.CompletedProcess(argv, 0, "out", "err")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    rc, out, err, _ = common.run_experiments(["train", "x"], 10, "/py",
+                                             env={"KERAS_BACKEND": "jax",
+                                                  "TF_USE_LEGACY_KERAS": None})
+    assert (rc, out, err) == (0, "out", "err")
+    assert seen["argv"] == ["/py", "-m", "experiments", "train", "x"]
+    assert seen["env"]["KERAS_BACKEND"] == "jax" and "TF_USE_LEGACY_KERAS" not in seen["env"]
 
 
 def test_plots_and_report(tmp_path):

@@ -795,6 +795,9 @@ def test_dockerfile_instructions_entrypoint_and_context():
     assert [rest for k, rest in instructions if k == "USER"] == ["1000:1000"]
 
 
+KERAS3_PYTHON_CHECK = "python -c import sys; sys.exit(sys.version_info < (3, 12))"
+
+
 def test_dockerfile_installs_the_readme_extras_per_build_arg(tmp_path):
     """Runs the Dockerfile's install step with stand-ins for pip and python
     that record their arguments, for every STACK x DEVICE."""
@@ -805,15 +808,17 @@ def test_dockerfile_installs_the_readme_extras_per_build_arg(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("pip", "python"):
-        (bin_dir / tool).write_text('#!/bin/sh\necho "%s $*" >> "$CALLS"\n' % tool)
+        # `python -c CHECK` (the keras3 stack's Python version check) exits $PYTHON_CHECK.
+        (bin_dir / tool).write_text('#!/bin/sh\necho "%s $*" >> "$CALLS"\n'
+                                    '[ "$1" != -c ] || exit "${PYTHON_CHECK:-0}"\n' % tool)
         (bin_dir / tool).chmod(0o755)
     with open(os.path.join(root, "setup.py"), encoding="utf-8") as f:
         extras = set(re.findall(r'^\s+"([a-z-]+)": (?:\[|_by_python\()', f.read(), re.M))
 
-    def run(stack, device):
-        calls = tmp_path / ("%s-%s.calls" % (stack, device))
+    def run(stack, device, python_check=0):
+        calls = tmp_path / ("%s-%s-%d.calls" % (stack, device, python_check))
         env = dict(os.environ, STACK=stack, DEVICE=device, CALLS=str(calls),
-                   PATH="%s:/usr/bin:/bin" % bin_dir)
+                   PYTHON_CHECK=str(python_check), PATH="%s:/usr/bin:/bin" % bin_dir)
         proc = subprocess.run(shell + [install], env=env, cwd=str(tmp_path),
                               capture_output=True, text=True, timeout=60)
         lines = calls.read_text().splitlines() if calls.exists() else []
@@ -826,21 +831,25 @@ def test_dockerfile_installs_the_readme_extras_per_build_arg(tmp_path):
                            'pip install --no-cache-dir --no-deps tf-keras==2.21.*'],
         ("keras", "gpu"): ['pip install --no-cache-dir .[keras] tensorflow[and-cuda]==2.21.* '
                            'tf-keras==2.21.*'],
+        # Keras 3 + JAX: the Python check first (the extras give Keras 3 on 3.12+ only).
+        ("keras3", "cpu"): [KERAS3_PYTHON_CHECK, 'pip install --no-cache-dir .[cpu,jax]'],
+        ("keras3", "gpu"): [KERAS3_PYTHON_CHECK,
+                            'pip install --no-cache-dir .[cpu] jax[cuda12]>=0.4.34'],
     }
     for (stack, device), pip_calls in expected.items():
         rc, lines, err = run(stack, device)
         assert rc == 0, err
         assert lines == pip_calls + ["python -m experiments list"], (stack, device)
         for call in pip_calls:
-            for extra in re.findall(r"\.\[([a-z-]+)\]", call):
-                assert extra in extras, extra
+            for listed in re.findall(r"\.\[([a-z,-]+)\]", call):
+                for extra in listed.split(","):
+                    assert extra in extras, extra
     rc, lines, err = run("torch", "cpu")
-    assert rc == 2 and lines == [] and "STACK is estimator or keras" in err
+    assert rc == 2 and lines == [] and "STACK is estimator, keras or keras3" in err
+    # keras3 on a Python older than 3.12 stops before installing anything.
+    rc, lines, err = run("keras3", "cpu", python_check=1)
+    assert rc == 2 and lines == [KERAS3_PYTHON_CHECK], lines
+    assert "PYTHON_VERSION=3.12" in err
+    rc, lines, err = run("estimator", "cpu", python_check=1)
+    assert rc == 0 and KERAS3_PYTHON_CHECK not in lines, err
 
-
-def test_submit_refuses_keras3_with_what_to_use():
-    with pytest.raises(ConfigError) as e:
-        make_spec(engine="keras3").validate()
-    message = str(e.value)
-    assert "--engine keras3 cannot be submitted yet" in message
-    assert "--engine keras or estimator" in message and "train --engine keras3" in message

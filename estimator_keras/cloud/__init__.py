@@ -1,4 +1,4 @@
-"""Run an experiment as a Vertex AI CustomJob or HyperparameterTuningJob, or a Kubeflow TFJob.
+"""Run an experiment as a Vertex AI CustomJob or HyperparameterTuningJob, or a Kubeflow TFJob or JAXJob.
 
 Import the module you need; this package file imports nothing.
 
@@ -12,7 +12,9 @@ Import the module you need; this package file imports nothing.
   :func:`build_tuning_job`, the Vertex AI request bodies (pythonPackageSpec or
   containerSpec pools). TF-free.
 * :mod:`~estimator_keras.cloud.tfjob` -- :func:`build_tfjob_manifest`, a
-  Kubeflow ``TFJob``, and :func:`to_yaml`. TF-free.
+  Kubeflow ``TFJob``, the helpers Kubeflow jobs share, and :func:`to_yaml`. TF-free.
+* :mod:`~estimator_keras.cloud.jaxjob` -- :func:`build_jaxjob_manifest`, a
+  Kubeflow ``JAXJob`` of keras3 processes on JAX's distributed runtime. TF-free.
 * :mod:`~estimator_keras.cloud.packaging` -- building the sdists a Vertex job
   installs, offline (:func:`build_sdist`, with the requirements its image lacks;
   :func:`build_package_sdist` for the user's own package;
@@ -58,4 +60,8 @@ Sources for field names, images and formats (read 2026):
   https://cloud.google.com/sdk/gcloud/reference/ai/custom-jobs/create
 * TFJob (``kubeflow.org/v1``, ``tfReplicaSpecs``, container named ``tensorflow``):
   https://www.kubeflow.org/docs/components/training/tftraining/
+* JAXJob (training-operator v1.9: ``jaxReplicaSpecs`` with only ``Worker``,
+  container ``jax``, port ``jaxjob-port`` 6666, the COORDINATOR_ADDRESS,
+  COORDINATOR_PORT, NUM_PROCESSES and PROCESS_ID it sets): github.com/kubeflow/
+  training-operator v1.9.0, pkg/webhooks/jax/ and pkg/controller.v1/jax/
 """

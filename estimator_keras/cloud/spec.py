@@ -25,7 +25,7 @@ Each image is published in us-, europe- and asia-docker.pkg.dev.
 
 import dataclasses
 import re
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from estimator_keras import io
 from estimator_keras.errors import ConfigError
@@ -58,7 +58,15 @@ VERTEX_GPU_TYPES = (
 )
 _TPU_TYPES = ("TPU_V2", "TPU_V3", "TPU_V4_POD", "TPU_V5_LITEPOD")
 
-ENGINES = ("auto", "estimator", "keras")
+ENGINES = ("auto", "estimator", "keras", "keras3")
+
+KERAS_BACKENDS = ("jax", "tensorflow")
+"""``--keras-backend`` of a keras3 job (KERAS_BACKEND in its containers); the
+first is the default."""
+
+KERAS_MULTI_WORKER_ISSUE = "keras-team/keras#20585"
+"""Keras 3's Model.fit does not train under TensorFlow's
+MultiWorkerMirroredStrategy: several keras3 processes need the JAX backend."""
 
 PREBUILT_TF_VERSIONS = {"estimator": "2-15", "keras": "2-17"}
 """TensorFlow version of the prebuilt executor image per engine: ``tf.estimator``
@@ -155,7 +163,7 @@ class JobSpec:
     """gs:// directory of the job, Vertex's base output directory: Vertex sets
     AIP_MODEL_DIR=<job_dir>/model/ (the export), AIP_CHECKPOINT_DIR=<job_dir>/checkpoints/
     and AIP_TENSORBOARD_LOG_DIR=<job_dir>/logs/; the package goes to <job_dir>/packages.
-    A TFJob trains with --model-dir <job_dir>/model."""
+    A TFJob or JAXJob trains with --model-dir <job_dir>/model."""
     project: Optional[str] = None
     """Google Cloud project id; required for Vertex AI, unused for a TFJob."""
     region: Optional[str] = None
@@ -178,7 +186,7 @@ class JobSpec:
     """gs:// URI of an already uploaded sdist; when unset, submit() builds and uploads one."""
     image: Optional[str] = None
     """Executor image for Vertex's pythonPackageSpec, replacing the prebuilt one;
-    the image of a TFJob (as ``container_image``)."""
+    the image of a TFJob or JAXJob (as ``container_image``)."""
     data_dir: Optional[str] = None
     """Where train reads records from; defaults to <job_dir>/data."""
     engine: str = "auto"
@@ -202,6 +210,9 @@ class JobSpec:
     """train's ``--config`` file: a gs:// URI passed as it is, or a local file
     that submit() uploads to :attr:`config_uri`. A TFJob passes it as given
     (the image holds it)."""
+    keras_backend: Optional[str] = None
+    """KERAS_BACKEND of a keras3 job's containers, one of :data:`KERAS_BACKENDS`
+    (None: the first, jax); only for ``engine="keras3"``."""
 
     def validate(self, for_vertex: bool = False) -> None:
         """Raise ConfigError naming the first invalid field.
@@ -263,12 +274,6 @@ class JobSpec:
                                                        "--module": "modules"}[flag]))
         if self.package_uri is not None:
             _check_gs_uri(self.package_uri, "package_uri")
-        if self.engine == "keras3":
-            raise ConfigError("--engine keras3 cannot be submitted yet: the prebuilt training "
-                              "images run TensorFlow 2.15 (estimator) or tf-keras (keras), and "
-                              "a job image with Keras 3 is not built here. Submit with --engine "
-                              "keras or estimator, or train keras3 on this machine (train "
-                              "--engine keras3).")
         if self.engine not in ENGINES:
             raise ConfigError("--engine must be one of %s; got %r."
                               % (", ".join(ENGINES), self.engine))
@@ -287,7 +292,24 @@ class JobSpec:
                 "--image (the executor image that installs the uploaded package) and "
                 "--container-image (an image with the package already installed) "
                 "exclude each other: give one.")
+        check_keras3_job(self.engine, self.keras_backend, self.workers, self.ps,
+                         self.evaluator)
+        if for_vertex:
+            self.check_vertex_image()
         self._validate_user_code(for_vertex)
+
+    def check_vertex_image(self) -> None:
+        """ConfigError for a keras3 job without ``container_image``: no
+        prebuilt training image has Keras 3 and JAX."""
+        if self.engine == "keras3" and not self.container_image:
+            raise ConfigError(
+                "--engine keras3 on Vertex AI needs --container-image URI: an image with "
+                "this package, Keras 3 and JAX installed, which no Google prebuilt "
+                "training image has (so neither --image nor the default executor image "
+                "will do). Build one from the repository's Dockerfile with "
+                "`docker build --build-arg STACK=keras3 --build-arg PYTHON_VERSION=3.12 "
+                "-t IMAGE .` (DEVICE=gpu for JAX on GPUs), push it and pass "
+                "--container-image IMAGE.")
 
     def _validate_user_code(self, for_vertex: bool) -> None:
         for name in ("modules", "package_dirs", "extra_package_uris"):
@@ -326,6 +348,14 @@ class JobSpec:
                     "(py_modules=['my_experiments'] in its setup.py), or declare the "
                     "module as an entry point in the group estimator_keras.experiments. "
                     "With --container-image the image's own paths work." % module)
+
+    @property
+    def container_env(self) -> Dict[str, str]:
+        """Environment variables every container of the job gets: KERAS_BACKEND
+        for a keras3 job, nothing otherwise."""
+        if self.engine != "keras3":
+            return {}
+        return {"KERAS_BACKEND": self.keras_backend or KERAS_BACKENDS[0]}
 
     @property
     def model_dir(self) -> str:
@@ -379,6 +409,44 @@ class JobSpec:
         if config:
             args += ["--config", config]
         return args + list(self.train_args)
+
+
+def check_keras3_job(engine: str, keras_backend: Optional[str], workers: int = 0,
+                     ps: int = 0, evaluator: bool = False) -> None:
+    """ConfigError for what a keras3 job cannot run, and for ``--keras-backend``
+    on another engine. Several keras3 processes train together with JAX's
+    distributed runtime: every one is a worker (process 0 coordinates), so there
+    are no parameter servers nor an evaluator task, and the backend is JAX."""
+    if engine != "keras3":
+        if keras_backend is not None:
+            raise ConfigError(
+                "--keras-backend applies to --engine keras3 only (it sets KERAS_BACKEND in "
+                "the job's containers); the %s engine trains with TensorFlow's own Keras. "
+                "Drop --keras-backend, or add --engine keras3." % engine)
+        return
+    if keras_backend is not None and keras_backend not in KERAS_BACKENDS:
+        raise ConfigError("--keras-backend must be one of %s; got %r."
+                          % (", ".join(KERAS_BACKENDS), keras_backend))
+    if ps or evaluator:
+        flag, instead, what = (
+            ("--ps %d" % ps, "add training processes with --workers N",
+             "parameter-server training") if ps else
+            ("--evaluator", "the job evaluates as it trains, every --eval-every steps",
+             "a separate evaluator"))
+        raise ConfigError(
+            "%s cannot go with --engine keras3: its processes train together with JAX's "
+            "distributed runtime, every one a worker that trains and evaluates (a "
+            "JAXJob's Worker replicas, or Vertex AI's pools 0 and 1), so there are no "
+            "parameter servers and no evaluator task. Drop %s (%s), or use --engine "
+            "estimator (on Vertex AI or --target tfjob) for %s."
+            % (flag, flag.split()[0], instead, what))
+    if workers and keras_backend == "tensorflow":
+        raise ConfigError(
+            "--keras-backend tensorflow cannot train with --workers %d: Keras 3's Model.fit "
+            "does not run under TensorFlow's MultiWorkerMirroredStrategy (%s). Use "
+            "--keras-backend jax (the default), whose processes train together with JAX's "
+            "distributed runtime, or drop --workers to train on one machine."
+            % (workers, KERAS_MULTI_WORKER_ISSUE))
 
 
 def prebuilt_image(gpu: bool, region: Optional[str] = None, engine: str = "estimator") -> str:

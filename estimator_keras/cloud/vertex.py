@@ -47,6 +47,9 @@ def _vertex_pool(spec: JobSpec, replicas: int, with_accelerator: bool,
     if spec.container_image:
         pool["containerSpec"] = {"imageUri": spec.container_image,
                                  "command": list(CONTAINER_COMMAND), "args": list(args)}
+        if spec.container_env:
+            pool["containerSpec"]["env"] = [{"name": k, "value": v}
+                                            for k, v in spec.container_env.items()]
         return pool
     pool["pythonPackageSpec"] = {
         "executorImageUri": spec.image or prebuilt_image(gpu, spec.region, spec.image_engine),
@@ -72,6 +75,7 @@ def _job_spec(spec: JobSpec, args: List[str]) -> Dict[str, Any]:
             "yourself, pass extra_package_uris=['gs://.../pkg.tar.gz'] instead."
             % ", ".join(spec.package_dirs))
     spec.check_package_modules()
+    spec.check_vertex_image()
     pools: List[Dict[str, Any]] = [_vertex_pool(spec, 1, True, args)]
     pools.append(_vertex_pool(spec, spec.workers, True, args) if spec.workers else {})
     pools.append(_vertex_pool(spec, spec.ps, False, args) if spec.ps else {})
@@ -92,6 +96,10 @@ def build_custom_job(spec: JobSpec) -> Dict[str, Any]:
     pool before a used one is ``{}`` and trailing unused pools are left out.
     Chief, workers and evaluator get the accelerator and the GPU image; parameter
     servers only hold variables, so they run on the CPU image without GPUs.
+    A keras3 job runs ``spec.container_image`` (required) with KERAS_BACKEND in
+    ``containerSpec.env``: pool 0 is process 0, the coordinator of JAX's
+    distributed runtime, pool 1 the other processes; Vertex sets CLUSTER_SPEC in
+    every replica, from which ``train`` finds its peers.
     The arguments carry no ``--model-dir``: the base output directory makes Vertex
     set AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR, which the
     job follows. ``spec.package_uri`` must be set (``submit`` sets it after

@@ -102,8 +102,9 @@ def describe_cluster(cluster):
     return ", ".join(parts) if parts else "nothing"
 
 
-def _check_address(task_type, index, address):
-    where = f"TF_CONFIG cluster[{task_type!r}][{index}]"
+def check_address(where, address):
+    """Raises ClusterConfigError unless ``address`` is "host:port";
+    ``where`` names it in the message (e.g. "TF_CONFIG cluster['chief'][0]")."""
     if not isinstance(address, str):
         raise ClusterConfigError(
             f"{where} is {short_json(address)}, not a string; each address must be a "
@@ -154,7 +155,7 @@ def _check_cluster(cluster):
                 f"TF_CONFIG cluster[{task_type!r}] is an empty list; give at least one "
                 f"\"host:port\" address or leave {task_type!r} out.")
         for index, address in enumerate(addresses):
-            _check_address(task_type, index, address)
+            check_address(f"TF_CONFIG cluster[{task_type!r}][{index}]", address)
         checked[task_type] = list(addresses)
 
     if "ps" in checked and not any(t in checked for t in TRAINING_TYPES):

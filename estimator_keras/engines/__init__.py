@@ -69,17 +69,46 @@ def _keras3_status(tf_version):
                   f"{'' if usable else ', which it cannot train on here'})")
 
 
-Registration = collections.namedtuple("Registration", "module cls status keras cluster")
+Registration = collections.namedtuple("Registration", "module cls status keras cluster processes",
+                                      defaults=(None,))
 # What an engine runs of a cluster, known without importing it: launchers
 # check a cluster before any task starts, and a task before its strategy
 # exists. ``how`` says what it does instead (for refusals); ``where`` where it
-# runs (for messages that suggest it).
-Cluster = collections.namedtuple("Cluster", "tasks strategies how where", defaults=("", ""))
+# runs (for messages that suggest it); ``check`` (or None) refuses what only
+# the environment decides, ``fn(workers, strategy, environ)``.
+Cluster = collections.namedtuple("Cluster", "tasks strategies how where check",
+                                 defaults=("", "", None))
+
+
+def _keras3_cluster_check(workers, strategy, environ):
+    """Several training processes need the JAX backend on the keras3 engine."""
+    backend, origin = keras_setup.keras_backend(environ)
+    asked = workers or (f"--strategy {strategy}" if strategy == "multi_worker_mirrored" else None)
+    if asked and backend != "jax":
+        raise ConfigError(
+            f"the keras3 engine trains several processes together only on the JAX backend "
+            f"(jax.distributed, with keras.distribution.DataParallel), and this is the {backend} "
+            f"backend ({origin}): Keras 3's Model.fit does not run under TensorFlow's "
+            f"MultiWorkerMirroredStrategy (keras-team/keras#20585). For {asked}, set "
+            f"{BACKEND_VARIABLE}=jax (pip install -e '.[jax]'), or train with --engine keras; "
+            f"one process can use --strategy mirrored over its own devices.")
+
+
+def _keras3_processes(environ, info):
+    """The keras3 engine's process group on the JAX backend (None elsewhere:
+    the TensorFlow backend trains in one process)."""
+    if keras_setup.keras_backend(environ)[0] != "jax":
+        return None
+    from estimator_keras.distribute import jax_processes  # pylint: disable=import-outside-toplevel
+    return jax_processes.from_environ(environ, info)
+
 
 # name -> where its Engine lives, what says whether this environment can run
 # it (a function of TensorFlow's installed version that reads metadata, never
-# imports), the Keras major version it needs as tf.keras, and its cluster
-# roles: a new engine is one module and one entry here.
+# imports), the Keras major version it needs as tf.keras, its cluster roles,
+# and (or None) ``fn(environ, cluster_info)`` that finds the processes it
+# trains with outside TensorFlow's runtime: a new engine is one module and
+# one entry here.
 REGISTRY = {
     "estimator": Registration(
         "estimator_keras.engines.estimator", "EstimatorEngine", _estimator_status, 2,
@@ -93,9 +122,10 @@ REGISTRY = {
                 "the chief")),
     "keras3": Registration(
         "estimator_keras.engines.keras3", "Keras3Engine", _keras3_status, 3,
-        Cluster(("chief",), ("none", "mirrored"),
-                "trains with Keras 3's Model.fit in one process (over that machine's devices) "
-                "and evaluates there")),
+        Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
+                "trains with Keras 3's Model.fit, several processes together on the JAX "
+                "backend, and evaluates as it trains", check=_keras3_cluster_check),
+        processes=_keras3_processes),
 }
 ENGINES = tuple(REGISTRY)
 CHOICES = ("auto",) + ENGINES
@@ -229,7 +259,8 @@ def check_keras2(engine):
         f"when tf-keras is installed).")
 
 
-def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
+def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None,
+                  environ=os.environ):
     """Refuses what ``engine`` cannot run: parameter servers, an evaluator
     task, several training tasks, or a strategy; no TensorFlow is imported.
 
@@ -238,6 +269,7 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
       ps, evaluator, workers: how the caller asked for them ("--ps 1", "ps
         tasks in TF_CONFIG"...), or None when it did not.
       strategy: a strategy name ("auto" passes), or None.
+      environ: where the engine's own check reads its settings (KERAS_BACKEND).
 
     Raises:
       ConfigError: naming what was asked and the engine that can run it.
@@ -266,11 +298,30 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None):
         raise ConfigError(
             f"the {engine} engine {spec.how}: it cannot train with --strategy {strategy}; "
             f"use one of {', '.join(('auto',) + spec.strategies)}.")
+    if spec.check is not None:
+        spec.check(workers, strategy, environ)
 
 
 def check_keras_cluster(ps=None, evaluator=None):
     """:func:`check_cluster` for the keras engine."""
     check_cluster("keras", ps=ps, evaluator=evaluator)
+
+
+def cluster_info(engine, environ=os.environ):
+    """(this task's ClusterInfo, its process group or None) for ``engine``:
+    TF_CONFIG's cluster, or the group of processes the engine trains with
+    outside TensorFlow's runtime (the keras3 engine on JAX: a JAXJob's
+    variables, Vertex's CLUSTER_SPEC or TF_CONFIG), whose roles it takes.
+    Reads the environment only; no TensorFlow.
+
+    Raises:
+      ClusterConfigError: bad or partial cluster settings, naming the variable.
+    """
+    from estimator_keras.distribute import tf_config  # pylint: disable=import-outside-toplevel
+    info = tf_config.parse_tf_config(env=environ)
+    find = REGISTRY[engine].processes if engine in REGISTRY else None
+    group = find(environ, info) if find is not None else None
+    return (group.cluster_info() if group is not None else info), group
 
 
 def check_keras3():

@@ -20,7 +20,12 @@ It keeps the other engines' contract:
   of the estimator or keras engine continues at its step
   (:func:`estimator_keras.keras3_migration.restore_tf_checkpoint`);
 - SIGTERM/SIGINT under the plan's PreemptionWatch: a checkpoint of the step
-  just taken, then Preempted; a NaN or infinite loss: NumericalError.
+  just taken, then Preempted; a NaN or infinite loss: NumericalError;
+- several processes on the JAX backend (the plan's strategy a
+  :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`):
+  fit runs in its scope, each process on its own share of the training data;
+  saving is collective there, so every process saves and only the chief
+  keeps the file; the processes agree on the step a preemption stops at.
 
 Example::
 
@@ -37,6 +42,7 @@ import warnings
 import keras
 
 from estimator_keras import io, memory, summaries
+from estimator_keras.distribute.jax_processes import DataParallelProcesses
 from estimator_keras.engines import base, optimizers, preemption
 from estimator_keras.engines import keras3_checkpoints as ckpts
 from estimator_keras.errors import ConfigError, DataError, ModelDirError
@@ -79,8 +85,7 @@ class TrainingSteps(keras.callbacks.Callback):
                 or self.step >= plan.max_steps):
             self.meter.update(self.step, loss)
         if self.agreement is not None and self.agreement.stop_after(self.step):
-            if plan.chief:
-                ckpts.save(self.model, plan.model_dir, self.step, plan.keep_checkpoint_max)
+            _save(self.model, plan, self.step)
             raise plan.preemption.stopped(self.step, by_chief=not plan.chief)
         if self.step >= plan.max_steps:
             self.model.stop_training = True
@@ -113,8 +118,9 @@ class Evaluations(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         plan, logs = self.plan, logs or {}
         step = _step(self.model)
+        saved = _save(self.model, plan, step)
         if plan.chief:
-            self.saved = ckpts.save(self.model, plan.model_dir, step, plan.keep_checkpoint_max)
+            self.saved = saved
         memory.release_free_memory()
         metrics = base.validation_metrics(logs)
         if self.writers:
@@ -125,8 +131,12 @@ class Evaluations(keras.callbacks.Callback):
             return
         self.metrics = metrics
         stop = plan.early_stopping
-        if base.record_evaluation(plan.hooks, step, metrics, self.saved, plan.chief, stop,
-                                  self.history):
+        # Every process gets the same metrics, so all stop together; the
+        # chief's best-model export computes in its own process.
+        with _alone(plan.strategy):
+            stopping = base.record_evaluation(plan.hooks, step, metrics, self.saved,
+                                              plan.chief, stop, self.history)
+        if stopping:
             plan.hooks.log(f"early stopping at step {step}: {stop.metric} has not improved "
                            f"for {stop.patience_steps} steps")
             self.stopped = self.model.stop_training = True
@@ -134,6 +144,33 @@ class Evaluations(keras.callbacks.Callback):
     def close(self):
         for writer in self.writers.values():
             writer.close()
+
+
+def _save(model, plan, step):
+    """The checkpoint of ``step``, written by the chief (its path; None
+    elsewhere). Where saving is collective (JAX processes), the other
+    processes take part and keep nothing."""
+    if plan.chief:
+        return ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max)
+    if getattr(plan.strategy, "collective_saves", False):
+        ckpts.save_unkept(model)
+    return None
+
+
+def _alone(strategy):
+    """Computes in this process only, inside a JAX process group's training."""
+    if isinstance(strategy, DataParallelProcesses):
+        return strategy.alone()
+    return contextlib.nullcontext()
+
+
+def _training_scope(strategy):
+    """Where fit runs: a JAX process group's scope (Keras reads its
+    distribution as it trains); a tf.distribute strategy is held by the
+    variables it made, no scope needed."""
+    if isinstance(strategy, DataParallelProcesses):
+        return strategy.scope()
+    return contextlib.nullcontext()
 
 
 def compile_for_keras3(plan):
@@ -177,6 +214,8 @@ def restore(model, checkpoint):
 def _scope(strategy):
     if strategy is None:
         return contextlib.nullcontext()
+    if isinstance(strategy, DataParallelProcesses):
+        return strategy.scope()
     if keras.backend.backend() != "tensorflow":
         raise ConfigError(
             f"a tf.distribute strategy needs Keras 3 on the tensorflow backend; this is "
@@ -185,16 +224,18 @@ def _scope(strategy):
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is not None and resolver.cluster_spec().jobs:
         raise ConfigError(
-            "the keras3 engine trains in one process (Keras 3's fit under "
-            "MultiWorkerMirroredStrategy is not supported: keras-team/keras#20585), but this "
-            "task is part of a TF_CONFIG cluster. Train a cluster with --engine keras or "
-            "--engine estimator, or run keras3 without TF_CONFIG.")
+            "on the TensorFlow backend the keras3 engine trains in one process (Keras 3's fit "
+            "under MultiWorkerMirroredStrategy is not supported: keras-team/keras#20585), but "
+            "this task is part of a TF_CONFIG cluster. Set KERAS_BACKEND=jax to train the "
+            "processes together on JAX, train the cluster with --engine keras or --engine "
+            "estimator, or run keras3 without TF_CONFIG.")
     return strategy.scope()
 
 
 def _datasets(plan):
     """(train, eval) datasets; under a strategy the training batches are per replica."""
-    if plan.strategy is None:
+    if plan.strategy is None or isinstance(plan.strategy, DataParallelProcesses):
+        # A process of a group reads its own share already (the plan's input_fn).
         train = plan.train_data(input_context=None)
     else:
         train = plan.strategy.distribute_datasets_from_function(
@@ -228,10 +269,17 @@ def _fit(plan):
     io.makedirs(plan.model_dir)
     latest = ckpts.latest(plan.model_dir)
     other = None if latest else _tf_checkpoint(plan.model_dir)
-    if plan.seed is not None:
+    if (isinstance(plan.strategy, DataParallelProcesses) and latest
+            and ckpts.step_of(latest) >= plan.max_steps):
+        # Finished: no process joins a collective step (the runner evaluates
+        # and exports on the chief alone).
+        return base.RunResult(None, None, ckpts.step_of(latest), latest if plan.chief else None)
+    # Processes of a group must initialize the same weights.
+    seed = plan.seed if plan.seed is not None else getattr(plan.strategy, "shared_seed", None)
+    if seed is not None:
         # Initial weights and dropout; the runner passes a seed that differs
         # after a restart (base.run_seed), so a resumed run draws anew.
-        keras.utils.set_random_seed(int(plan.seed))
+        keras.utils.set_random_seed(int(seed))
     with _scope(plan.strategy):
         model = compile_for_keras3(plan)
         step = 0
@@ -241,11 +289,11 @@ def _fit(plan):
             hooks.log(f"resuming from {latest or other} (step {step}{how})")
         elif not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-    saved = latest
-    if plan.chief and latest is None:
-        # Like the other engines: a checkpoint at the start, so a run that
-        # fails early still leaves one (and a migrated dir becomes keras3's).
-        saved = ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max)
+        saved = latest
+        if latest is None:
+            # Like the other engines: a checkpoint at the start, so a run that
+            # fails early still leaves one (and a migrated dir becomes keras3's).
+            saved = _save(model, plan, step)
     if step >= plan.max_steps:
         # Nothing left to train: report the numbers all the same.
         metrics = _evaluate(model, plan, step)
@@ -264,7 +312,7 @@ def _fit(plan):
     fit = dict(validation_data=eval_data, validation_steps=plan.eval_steps,
                callbacks=[steps, evaluations], shuffle=False, verbose=0)
     try:
-        with _quiet_end_of_data():
+        with _quiet_end_of_data(), _training_scope(plan.strategy):
             if step % every:
                 # Back onto multiples of eval_every_steps (after a preemption):
                 # one short epoch first.
@@ -303,7 +351,10 @@ class Keras3Engine(base.Engine):
     def evaluate(self, plan, checkpoint):
         """The metrics of a keras3 checkpoint, or of another engine's TF
         checkpoint, with ``global_step``."""
-        with _scope(plan.strategy):
+        # A process of a JAX group evaluates alone (the others have finished).
+        scope = (contextlib.nullcontext() if isinstance(plan.strategy, DataParallelProcesses)
+                 else _scope(plan.strategy))
+        with scope:
             model = compile_for_keras3(plan)
             step = restore(model, checkpoint)
         return _evaluate(model, plan, step)

@@ -25,6 +25,8 @@ Example::
 import json
 import os
 import re
+import shutil
+import tempfile
 import textwrap
 import uuid
 
@@ -130,6 +132,17 @@ def save(model, model_dir, step, keep):
         if old != name:
             io.remove(io.join(model_dir, old))
     return path
+
+
+def save_unkept(model):
+    """Saves ``model`` to a temporary file and deletes it: how a process
+    that keeps no checkpoint takes part in a save that is collective (Keras
+    3 on several JAX processes)."""
+    folder = tempfile.mkdtemp(prefix="estimator-keras-unkept-")
+    try:
+        model.save_weights(os.path.join(folder, name_of(0)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def restore(model, path):

@@ -188,7 +188,9 @@ class StopAgreement:
 
     Args:
       watch: the task's :class:`PreemptionWatch`.
-      strategy: the ``tf.distribute`` strategy training runs under, or None.
+      strategy: the ``tf.distribute`` strategy training runs under, a
+        :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`,
+        or None.
       every_secs: about how often the workers compare notes.
     """
 
@@ -196,8 +198,11 @@ class StopAgreement:
 
     def __init__(self, watch, strategy, every_secs=AGREE_EVERY_SECS):
         self.watch, self.strategy, self.every_secs = watch, strategy, float(every_secs)
+        # A JAX process group averages over its processes itself.
+        self._mean = getattr(strategy, "mean_over_processes", None)
         resolver = getattr(strategy, "cluster_resolver", None)
-        self.in_cluster = resolver is not None and bool(resolver.cluster_spec().jobs)
+        self.in_cluster = self._mean is not None or (
+            resolver is not None and bool(resolver.cluster_spec().jobs))
         self._next = None
         self._since = None
 
@@ -220,6 +225,8 @@ class StopAgreement:
         return stop > 0
 
     def _all_reduce(self, *values):
+        if self._mean is not None:
+            return self._mean(list(values))
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         mine = tf.constant(values, tf.float32)
         reduced = self.strategy.reduce(tf.distribute.ReduceOp.MEAN,

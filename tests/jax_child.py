@@ -1,0 +1,93 @@
+"""One process of a JAX process group, for tests/test_jax_cluster.py: trains
+a small model with the keras3 engine on generated data, each process on its
+own share, and writes what it saw to OUT/process-<rank>.npz: its final
+weights, the step, the ids of the examples its pipeline handed out, and
+(process 0) how many examples the training steps computed on, from a
+metric that counts the global batch.
+
+    KERAS_BACKEND=jax TF_CONFIG=... python tests/jax_child.py MODEL_DIR OUT STEPS
+
+The group comes from the environment (TF_CONFIG here), as ``train`` reads it.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+from estimator_keras import engines
+from estimator_keras.engines import base
+
+BATCH = 8
+EXAMPLES = 512
+FEATURES = 6
+
+
+def main(model_dir, out, steps):
+    engines.prepare_keras("keras3")
+    _, group = engines.cluster_info("keras3")
+    distribution = group.distribution()
+    rank, processes = group.process_id, group.num_processes
+    # pylint: disable=import-outside-toplevel  (after prepare_keras and the join)
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(EXAMPLES, FEATURES)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int64")
+    ids = np.arange(EXAMPLES, dtype="int64")
+    seen = set()
+
+    def note(batch_ids):
+        seen.update(batch_ids.numpy().tolist())
+        return batch_ids
+
+    class ExamplesSeen(keras.metrics.Sum):
+        """Examples in the batches training computed on: the global batch."""
+
+        def __init__(self):
+            super().__init__(name="examples_seen")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            del y_pred, sample_weight
+            return super().update_state(keras.ops.ones_like(keras.ops.cast(y_true, "float32")))
+
+    def train_data(input_context=None):
+        del input_context
+        data = tf.data.Dataset.from_tensor_slices((x, y, ids)).shard(processes, rank)
+        data = data.repeat().batch(BATCH, drop_remainder=True)
+        # The ids this process's pipeline handed out (Keras reads ahead a little).
+        return data.map(lambda f, label, i: (
+            f, label, tf.py_function(note, [i], tf.int64))).map(lambda f, label, i: (f, label))
+
+    def eval_data(input_context=None):
+        del input_context
+        return tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(BATCH)
+
+    def build():
+        inputs = keras.Input((FEATURES,))
+        hidden = keras.layers.Dense(8, activation="relu")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(hidden))
+
+    plan = base.TrainingPlan(
+        model_dir=model_dir, build_model=build, loss="sparse_categorical_crossentropy",
+        metrics=lambda: ["accuracy", ExamplesSeen()], train_data=train_data, eval_data=eval_data,
+        max_steps=steps, eval_every_steps=steps, batch_size=BATCH, seed=3,
+        strategy=distribution, chief=group.is_writer)
+    result = engines.get_engine("keras3").train(plan)
+    weights = result.model.get_weights()
+    # The chief's training scalars: examples per epoch, as the model saw them.
+    counted = -1.0
+    if group.is_writer:
+        for path in tf.io.gfile.glob(os.path.join(model_dir, "train", "events.*")):
+            for event in tf.compat.v1.train.summary_iterator(path):
+                for value in event.summary.value:
+                    if value.tag == "epoch_examples_seen":
+                        counted = float(tf.make_ndarray(value.tensor))
+    np.savez(os.path.join(out, f"process-{rank}.npz"), step=result.global_step,
+             seen=np.asarray(sorted(seen), "int64"), processes=processes, counted=counted,
+             **{f"w{i}": w for i, w in enumerate(weights)})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
