@@ -18,7 +18,8 @@ Tables (Fashion-MNIST, batch 128 unless said):
   the knobs that make it faster (runs in :mod:`benchmarks.accuracy_runs`);
 - ``shapes`` (:mod:`benchmarks.shapes_table`, slow): shapes_unet's mean IoU and
   pixel accuracy with its default settings;
-- ``cluster`` (:mod:`benchmarks.cluster_table`): one process vs chief + 1 worker.
+- ``cluster`` (:mod:`benchmarks.cluster_table`): one process vs chief + 1 worker,
+  and the keras3 engine on JAX: one process vs 2.
 
 Plumbing: :mod:`benchmarks.common` (settings, timing, targets),
 :mod:`benchmarks.turns` (child processes taking turns), :mod:`benchmarks.legacy`

@@ -100,9 +100,9 @@ def build_parser():
     p.add_argument("--python-keras", default=None, metavar="PYTHON",
                    help="interpreter with TensorFlow 2.16+ and tf-keras")
     p.add_argument("--python-jax", default=None, metavar="PYTHON",
-                   help="interpreter with Keras 3 and JAX for the keras table's JAX rows "
-                        "(default: the keras one, or .venv-jax/bin/python of the checkout, "
-                        "where JAX imports)")
+                   help="interpreter with Keras 3 and JAX for the JAX rows of the keras "
+                        "and cluster tables (default: the table's own interpreter, or "
+                        ".venv-jax/bin/python of the checkout, where JAX imports)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--in-process", action="store_true",
                    help="run every table in this process instead of one child per table")

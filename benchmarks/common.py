@@ -50,8 +50,9 @@ class Settings:
       python_keras: interpreter with TensorFlow 2.16+ and tf-keras, for the
         keras table and the runs on that TensorFlow (None: none known).
       accuracy_runs: the accuracy table's runs (None: its default list).
-      python_jax: interpreter with Keras 3 and JAX, for the keras table's JAX
-        rows (None: this one or the checkout's .venv-jax where JAX imports).
+      python_jax: interpreter with Keras 3 and JAX, for the JAX rows of the
+        keras and cluster tables (None: this one or the checkout's .venv-jax
+        where JAX imports; see :func:`jax_python`).
     """
 
     data_dir: str = "data"
@@ -160,20 +161,51 @@ def experiments_data_dir(settings, path):
     return folder
 
 
-def run_experiments(args, timeout, python=None):
+def run_experiments(args, timeout, python=None, env=None):
     """``python -m experiments ARGS`` from the checkout, in a fresh process
-    (killed at the timeout); returns (returncode, stdout, stderr, seconds)."""
+    (killed at the timeout); ``env``: variables to set in it (None: to
+    remove). Returns (returncode, stdout, stderr, seconds)."""
     import subprocess  # pylint: disable=import-outside-toplevel
 
+    overrides = env or {}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE),
                                                      env.get("PYTHONPATH")) if p)
     env.pop("TF_CONFIG", None)
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     start = time.perf_counter()
     proc = subprocess.run([python or sys.executable, "-m", "experiments", *map(str, args)],
                           cwd=os.path.dirname(HERE), env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
     return proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start
+
+
+def jax_python(settings):
+    """An interpreter with Keras 3 and JAX for the tables' JAX rows:
+    --python-jax, else this one or the checkout's .venv-jax where JAX
+    imports; else None (:func:`no_jax_reason` says why)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    candidates = [settings.python_jax] if settings.python_jax else [
+        sys.executable, os.path.join(os.path.dirname(HERE), ".venv-jax", "bin", "python")]
+    for python in candidates:
+        if python and os.path.exists(python) and subprocess.run(
+                [python, "-c", "import jax, keras"], capture_output=True, timeout=300,
+                check=False).returncode == 0:
+            return python
+    return None
+
+
+def no_jax_reason(settings):
+    """Why :func:`jax_python` found no interpreter, for the rows it leaves
+    unmeasured."""
+    if settings.python_jax:
+        return f"--python-jax {settings.python_jax} cannot import jax and keras"
+    return "no interpreter with Keras 3 and JAX: --python-jax, or .venv-jax in the checkout"
 
 
 AVERAGE_RE = r"trained to step (\d+): .*?([\d.]+) steps/s(?:, ([\d,]+) examples/s)? on average"
@@ -593,6 +625,8 @@ def format_table(result):
                     cells.append(str(v))
             if row.get("error"):
                 cells[-1] = f"{cells[-1]} ERROR: {row['error'][:80]}"
+            if row.get("not_measured"):
+                cells[-1] = f"{cells[-1]} not measured: {row['not_measured'][:80]}"
             table.append(cells)
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
         for k, r in enumerate(table):

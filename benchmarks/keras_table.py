@@ -28,13 +28,12 @@ import dataclasses
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 from benchmarks import common, training_table, turns
-from benchmarks.common import IMAGE, LABEL
+from benchmarks.common import IMAGE, LABEL, jax_python
 
 TABLE = "keras"
 TITLE = ("keras and keras3 engines vs plain Keras fit on numpy (TF 2.16+, steps/s, "
@@ -209,19 +208,6 @@ def keras3_env(backend="tensorflow"):
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(common.HERE), env.get("PYTHONPATH")) if p)
     return env
-
-
-def jax_python(settings):
-    """An interpreter with Keras 3 and JAX for the JAX rows: --python-jax,
-    else this one or the checkout's .venv-jax where JAX imports; else None."""
-    candidates = [settings.python_jax] if settings.python_jax else [
-        sys.executable, os.path.join(os.path.dirname(common.HERE), ".venv-jax", "bin", "python")]
-    for python in candidates:
-        if python and os.path.exists(python) and subprocess.run(
-                [python, "-c", "import jax, keras"], capture_output=True, timeout=300,
-                check=False).returncode == 0:
-            return python
-    return None
 
 
 def serve(args):
@@ -403,8 +389,8 @@ def run(settings, path=None, models=MODELS, keras3=True):
                       "engine windows: one fresh KerasEngine.train (or Keras3Engine.train) "
                       "run each, timed between its progress lines; Keras 3 rows run in a "
                       "child interpreter each",
-                      f"JAX rows: {jax}" if jax else "JAX rows: none (no interpreter with "
-                      "Keras 3 and JAX: --python-jax, or .venv-jax in the checkout)"] + notes}
+                      f"JAX rows: {jax}" if jax else
+                      f"JAX rows: none ({common.no_jax_reason(settings)})"] + notes}
 
 
 def main(argv=None):

@@ -38,6 +38,8 @@ def rows_markdown(rows, columns, unit=""):
         cells = [_cell(c, row.get(c)) for c in columns]
         if row.get("error"):
             cells[-1] += f" (error: {row['error'][:60]})"
+        if row.get("not_measured"):
+            cells[-1] += f" (not measured: {row['not_measured'][:80]})"
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -336,12 +336,12 @@ def _check_strategy(args) -> None:
             "use --strategy parameter_server (or auto), or drop --ps."
             % (args.strategy, args.ps))
     engine = getattr(args, "engine", None) or "auto"
-    # keras3's workers are processes of JAX's distributed runtime
-    # (check_keras3_job), not the TensorFlow cluster tasks this checks.
+    # Checked as the job's containers will run, on the job's Keras backend.
+    job_environ = dict(os.environ, KERAS_BACKEND=args.keras_backend or KERAS_BACKENDS[0])
     engines.check_cluster(engine, ps="--ps" if args.ps else None,
                           evaluator="--evaluator" if args.evaluator else None,
-                          workers=f"--workers {args.workers}"
-                          if args.workers and engine != "keras3" else None)
+                          workers=f"--workers {args.workers}" if args.workers else None,
+                          environ=job_environ)
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")

@@ -362,3 +362,24 @@ def test_the_namespace_helper_needs_only_the_standard_library():
     proc = subprocess.run([sys.executable, "-I", "-c", code, path], capture_output=True,
                           text=True, timeout=30)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+@needs_netns
+def test_tasks_can_bind_the_address_their_host_name_resolves_to(tmp_path):
+    # What binds by host name (JAX's gloo collectives) must find that address
+    # in a namespace that has only loopback, whatever this machine's name
+    # resolves to outside it.
+    code = textwrap.dedent("""
+        import socket
+        name = socket.gethostname()
+        address = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family) as s:
+            s.bind((address, 0))
+        print("bound", name, address, flush=True)
+    """)
+    result = launch_local_cluster([sys.executable, "-c", code], workers=0,
+                                  log_dir=tmp_path / "logs", network="private", timeout=60)
+    assert result.network == "private"
+    log = (tmp_path / "logs" / "chief-0.log").read_text()
+    assert re.search(r"^bound localhost (127\.\d+\.\d+\.\d+|::1)$", log, re.M), log

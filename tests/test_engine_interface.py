@@ -99,12 +99,18 @@ def test_check_cluster_refuses_what_an_engine_does_not_run():
     with pytest.raises(ConfigError, match=r"keras engine .* --ps 1 and --evaluator cannot be "
                                           r"used with it.*--engine estimator"):
         engines.check_cluster("keras", ps="--ps 1", evaluator="--evaluator")
-    with pytest.raises(ConfigError, match=r"keras3 engine .*one process.* --workers 2 cannot"):
-        engines.check_cluster("keras3", workers="--workers 2")
+    with pytest.raises(ConfigError, match=r"keras3 engine .*--ps 1 cannot be used with it"):
+        engines.check_cluster("keras3", ps="--ps 1", environ={"KERAS_BACKEND": "jax"})
+    # Several processes: on JAX only (keras-team/keras#20585 on TensorFlow).
+    tensorflow = {"KERAS_BACKEND": "tensorflow"}
+    with pytest.raises(ConfigError, match=r"keras3 engine .*only on the JAX backend.*20585"):
+        engines.check_cluster("keras3", workers="--workers 2", environ=tensorflow)
     with pytest.raises(ConfigError, match=r"--strategy multi_worker_mirrored"):
-        engines.check_cluster("keras3", strategy="multi_worker_mirrored")
-    engines.check_cluster("keras3", strategy="mirrored")
-    engines.check_cluster("keras3", strategy="auto")
+        engines.check_cluster("keras3", strategy="multi_worker_mirrored", environ=tensorflow)
+    engines.check_cluster("keras3", workers="--workers 2", strategy="multi_worker_mirrored",
+                          environ={"KERAS_BACKEND": "jax"})
+    engines.check_cluster("keras3", strategy="mirrored", environ=tensorflow)
+    engines.check_cluster("keras3", strategy="auto", environ=tensorflow)
 
 
 def test_every_engine_choice_reaches_the_train_parser():

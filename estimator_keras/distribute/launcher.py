@@ -58,9 +58,9 @@ ALL_INTERFACES_WARNING = (
 """Logged at a launch with ``network="host"``."""
 
 PRIVATE_NETWORK_NOTE = (
-    "The tasks run in a private network namespace that has only loopback: their "
-    "TensorFlow servers cannot be reached from other machines or from this machine's own "
-    "network, and the tasks cannot reach the network either.")
+    "The tasks run in a private network namespace that has only loopback: their servers "
+    "(TensorFlow's task servers, JAX's coordinator) cannot be reached from other machines or "
+    "from this machine's own network, and the tasks cannot reach the network either.")
 """Logged (INFO) at a launch whose tasks got a private network namespace."""
 
 FALLBACK_WARNING = (

@@ -37,6 +37,7 @@ import sys
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUTS = 0x04000000
 
 # <linux/prctl.h>
 PR_SET_PDEATHSIG = 1
@@ -139,9 +140,25 @@ def _hold():
     return 0
 
 
+def _name_host_localhost():
+    """Gives the task a host name of its own, "localhost": what binds to the
+    address the host name resolves to (JAX's gloo collectives) must find it
+    here, where only loopback exists; the machine's own name may resolve to
+    an address of its network. Best effort: without it such a task fails
+    to bind, and says so."""
+    import socket  # pylint: disable=import-outside-toplevel
+    try:
+        _unshare(CLONE_NEWUTS)
+        socket.sethostname("localhost")
+    except OSError as e:
+        print(f"warning: the task keeps this machine's host name ({e}); a program that binds "
+              f"the address it resolves to may find none in the private network",
+              file=sys.stderr)
+
+
 def _enter(argv):
     """``enter PARENTPID USERFD|- NETFD -- COMMAND...``: join the namespaces,
-    exec the command."""
+    take the host name "localhost", exec the command."""
     parent, user_fd, net_fd, sep, program, *rest = argv
     if sep != "--":
         raise SystemExit(f"netns enter: expected --, got {sep!r}")
@@ -162,6 +179,7 @@ def _enter(argv):
     except OSError as e:
         print(f"could not enter the cluster's private network namespace: {e}", file=sys.stderr)
         return 126
+    _name_host_localhost()
     try:
         os.execv(program, [program, *rest])
     except OSError as e:
