@@ -183,13 +183,21 @@ def _wait_for(path, pattern, proc, timeout=TIMEOUT):
     raise AssertionError(f"{pattern!r} did not appear in {path} within {timeout} s")
 
 
-def _finish(proc):
+def _interrupted(args, tmp_path, logs, after, whom, sig):
+    """Starts the cluster, waits for ``after`` in process 0's log, then
+    sends ``sig`` to ``whom(launcher_pid, task_pids)``; returns (exit status,
+    the launcher's output, the tasks' pids)."""
+    proc = _start_cluster(args, tmp_path, "first")
     try:
-        return proc.wait(timeout=120)
+        _wait_for(logs / "chief-0.log", after, proc)
+        pids = _pids((tmp_path / "first.log").read_text())
+        os.kill(whom(proc.pid, pids), sig)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+    return proc.returncode, (tmp_path / "first.log").read_text(), pids
 
 
 @pytest.mark.parametrize("target", ["launcher", "process 0"])
@@ -198,17 +206,11 @@ def test_sigterm_checkpoints_an_agreed_step_and_a_rerun_resumes(target, fashion_
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
     every = ("--hparams", "log_every_steps=50")
     args = _cluster_args(fashion_data, model_dir, logs, 5000, 2500, *every)
-    proc = _start_cluster(args, tmp_path, "first")
-    try:
-        # Past the first checkpoint (step 0) and well into training.
-        _wait_for(logs / "chief-0.log", r"step 100/5000", proc)
-        pids = _pids((tmp_path / "first.log").read_text())
-        os.kill(proc.pid if target == "launcher" else pids["chief-0"], signal.SIGTERM)
-        rc = _finish(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    out = (tmp_path / "first.log").read_text()
+    # Past the first checkpoint (step 0) and well into training.
+    rc, out, pids = _interrupted(
+        args, tmp_path, logs, r"step 100/5000",
+        lambda launcher, tasks: launcher if target == "launcher" else tasks["chief-0"],
+        signal.SIGTERM)
     assert rc == 75, out[-4000:]
     assert "PREEMPTED" in out
     _assert_all_gone(pids)
@@ -223,24 +225,18 @@ def test_sigterm_checkpoints_an_agreed_step_and_a_rerun_resumes(target, fashion_
     rc, out = _run_cluster(_cluster_args(fashion_data, model_dir, logs, saved + 20, 2500,
                                          *every), tmp_path, "again")
     assert rc == 0, out[-4000:]
-    chief = (logs / "chief-0.log").read_text()
-    assert f"resuming from {model_dir / f'ckpt-{saved}.weights.h5'}" in chief
-    assert f"trained to step {saved + 20}" in chief
+    # Every process restores the checkpoint process 0 saved.
+    for name in ("chief-0", "worker-0"):
+        log = (logs / f"{name}.log").read_text()
+        assert f"resuming from {model_dir / f'ckpt-{saved}.weights.h5'}" in log, name
+        assert f"trained to step {saved + 20}" in log, name
 
 
 def test_sigkill_of_a_process_stops_the_others_and_a_rerun_resumes(fashion_data, tmp_path):
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
     args = _cluster_args(fashion_data, model_dir, logs, 5000, 50)
-    proc = _start_cluster(args, tmp_path, "first")
-    try:
-        _wait_for(logs / "chief-0.log", r"evaluated step 50:", proc)
-        pids = _pids((tmp_path / "first.log").read_text())
-        os.kill(pids["worker-0"], signal.SIGKILL)
-        rc = _finish(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    out = (tmp_path / "first.log").read_text()
+    rc, out, pids = _interrupted(args, tmp_path, logs, r"evaluated step 50:",
+                                 lambda launcher, tasks: tasks["worker-0"], signal.SIGKILL)
     assert rc == 1, out[-4000:]
     assert "worker-0" in out and "SIGKILL" in out
     _assert_all_gone(pids)
