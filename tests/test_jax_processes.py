@@ -122,7 +122,7 @@ def test_bad_coordinator_address_is_refused(address):
     assert "COORDINATOR_ADDRESS" in refusal(jaxjob(address=address))
 
 
-@pytest.mark.parametrize("address", ["h0:1234", "[::1]:5"])
+@pytest.mark.parametrize("address", ["h0:1234", "[::1]:5", "[h0]", "[::1"])
 def test_coordinator_address_with_a_port_is_refused(address):
     assert "COORDINATOR_ADDRESS" in refusal(jaxjob(address=address))
 

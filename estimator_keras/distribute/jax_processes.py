@@ -122,6 +122,8 @@ def _coordinator_host(text):
         except ValueError:
             bare = None
         host = f"[{bare}]"
+    elif host != bare:
+        bare = None  # brackets belong around an IPv6 address only
     if (not host or bare is None or any(c.isspace() for c in host) or "/" in host
             or host.startswith("[") != host.endswith("]")):
         raise ClusterConfigError(
