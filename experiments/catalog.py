@@ -72,6 +72,15 @@ def requested_modules(modules=()):
     return list(found.items())
 
 
+def _plugin_entry_points():
+    """The installed plugins' entry points. Python 3.9's importlib.metadata
+    selects no group (it returns a dict) and gives no EntryPoint.dist."""
+    points = importlib.metadata.entry_points()
+    if hasattr(points, "select"):
+        return points.select(group=ENTRY_POINT_GROUP)
+    return points.get(ENTRY_POINT_GROUP, ())
+
+
 def load(modules=(), entry_points=True):
     """Imports the built-in modules, the installed plugins and ``modules``;
     returns the :class:`Broken` ones. A module is known by the file it
@@ -83,8 +92,9 @@ def load(modules=(), entry_points=True):
         _load(name, "built-in", lambda n=name: _module_file(n),
               lambda n=name: importlib.import_module(n), broken)
     if entry_points:
-        for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = point.dist.name if point.dist is not None else "?"
+        for point in _plugin_entry_points():
+            dist = getattr(point, "dist", None)
+            dist = dist.name if dist is not None else "?"
             _load(f"entry point {point.name}", f"entry point {point.name!r} of distribution "
                   f"{dist}", lambda p=point: _module_file(_entry_point_module(p)),
                   point.load, broken)

@@ -473,3 +473,15 @@ def test_job_spec_rules_for_the_users_code():
                                            **base))
     assert body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["packageUris"] == [
         OURS, "gs://my-bucket/p/u.tar.gz"]
+
+
+def test_plugins_are_found_where_entry_points_come_as_a_dict(monkeypatch):
+    # Python 3.9's importlib.metadata: entry_points() takes no group and
+    # returns {group: [EntryPoint]}, whose entries have no .dist.
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    from experiments import catalog  # pylint: disable=import-outside-toplevel
+
+    ours, theirs = object(), object()
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda: {catalog.ENTRY_POINT_GROUP: [ours], "console_scripts": [theirs]})
+    assert list(catalog._plugin_entry_points()) == [ours]
