@@ -244,10 +244,6 @@ class DataParallelProcesses:
       description: what it runs, for the run's first line.
     """
 
-    # Saving and loading weights are collective on JAX (every process takes
-    # part), so every process saves; only the writer keeps the file.
-    collective_saves = True
-
     def __init__(self, group, timeout=JOIN_TIMEOUT_SECS):
         # pylint: disable=import-outside-toplevel  (JAX and Keras only where a group trains)
         import jax

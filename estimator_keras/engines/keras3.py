@@ -148,11 +148,11 @@ class Evaluations(keras.callbacks.Callback):
 
 def _save(model, plan, step):
     """The checkpoint of ``step``, written by the chief (its path; None
-    elsewhere). Where saving is collective (JAX processes), the other
-    processes take part and keep nothing."""
+    elsewhere). Saving weights is collective on several JAX processes (every
+    process takes part), so there the others save too and keep nothing."""
     if plan.chief:
         return ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max)
-    if getattr(plan.strategy, "collective_saves", False):
+    if isinstance(plan.strategy, DataParallelProcesses):
         ckpts.save_unkept(model)
     return None
 
