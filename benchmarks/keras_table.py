@@ -7,10 +7,11 @@ the keras engine is the only engine. For the seed MLP and the seed CNN
 - ``engine``: the keras engine exactly as ``python -m experiments train``
   runs it (``KerasEngine.train`` on the experiment's plan: its callbacks,
   checkpoints, TensorBoard summaries, the experiments' input pipeline with
-  ``cache="auto"``). Each window is one fresh run of ``1 + 2n`` steps with a
-  progress line every n steps; the window times the n steps between the
-  two lines (model building, tracing, the cache fill, the first n steps and
-  the final checkpoint and evaluation are outside);
+  ``cache="auto"``). Each window is one fresh run of ``2n`` steps with a
+  progress line every n steps, n a multiple of 8 as round step counts are
+  (so the keras3 engine runs its 8 steps per call); the window times the n
+  steps between the two lines (model building, tracing, the cache fill, the
+  first n steps and the final checkpoint and evaluation are outside);
 - ``engine Model.fit(make_dataset)``: the same compiled model and pipeline
   in a bare ``Model.fit``: what the engine's callbacks cost;
 - ``tf_keras fit_numpy``: plain tf-keras ``Model.fit`` on the uint8 numpy
@@ -42,6 +43,10 @@ MODELS = ("seed_mlp", "seed_cnn")
 EXPERIMENTS = {"seed_mlp": "fashion_mnist_mlp", "seed_cnn": "fashion_mnist_cnn"}
 ENGINE = "engine"
 LEARNING_RATE = 1e-3
+# Engine windows are multiples of this many steps, as a user's step counts
+# (200, 1000, 5000) are: the keras3 engine then runs as many steps per call
+# of Keras' training function as it does for them.
+WINDOW_MULTIPLE = 8
 
 
 def experiment(model_name):
@@ -84,15 +89,17 @@ class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-ac
 
 
 def engine_window(engine, model_name, path, batch_size, steps, model_dir):
-    """One fresh ``engine.train`` run of the experiment's plan, ``1 + 2 *
-    steps`` steps with a progress line every ``steps``; returns (steps,
-    seconds) between its last two progress lines."""
+    """One fresh ``engine.train`` run of the experiment's plan, ``2 * n``
+    steps with a progress line every n, n ``steps`` rounded up to a multiple
+    of :data:`WINDOW_MULTIPLE`; returns (steps, seconds) between its last
+    two progress lines."""
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
     from experiments import context  # pylint: disable=import-outside-toplevel
 
+    steps = -(-steps // WINDOW_MULTIPLE) * WINDOW_MULTIPLE
     exp = experiment(model_name)
     config = dataclasses.replace(exp.config, train=dataclasses.replace(
-        exp.config.train, max_steps=1 + 2 * steps, eval_every_steps=1 + 2 * steps,
+        exp.config.train, max_steps=2 * steps, eval_every_steps=2 * steps,
         log_every_steps=steps, batch_size=batch_size))
     train_fn, eval_fn = context.input_fns(config, path)
     lines = []

@@ -178,12 +178,32 @@ def run_bfloat16(data_dir, model_dir, options):
                     {"x": keras.ops.zeros((2, NUM_FEATURES))})).dtype))
 
 
+def run_steps_per_call(data_dir, model_dir, options):
+    """Step counts that 8 divides (8 steps per call of Keras' training
+    function), then a longer run to a count that only 4 divides."""
+    evaluations, logs = [], []
+    fields = dict(options, max_steps=24, eval_every_steps=8, log_every_steps=8)
+    result = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
+                                                   **fields))
+    out = dict(step=result.global_step, iterations=keras3._step(result.model),
+               per_call=result.model.steps_per_execution,
+               evaluated=[m["global_step"] for _, m in evaluations], kept=_steps(model_dir))
+    del evaluations[:]
+    longer = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
+                                                   **dict(fields, max_steps=28)))
+    return dict(out, logs=logs, longer_step=longer.global_step,
+                longer_iterations=keras3._step(longer.model),
+                longer_per_call=longer.model.steps_per_execution,
+                longer_evaluated=[m["global_step"] for _, m in evaluations])
+
+
 def run_all(data_dir, model_dir, options):
     """Every in-process scenario, each in a model dir of its own: one
     interpreter (and one backend start-up) for all of them."""
     return {name: fn(data_dir, os.path.join(model_dir, name), options) for name, fn in (
         ("train", run_train), ("restore", run_restore), ("nan", run_nan), ("early", run_early),
-        ("mirrored", run_mirrored), ("schedule", run_schedule), ("bfloat16", run_bfloat16))}
+        ("mirrored", run_mirrored), ("schedule", run_schedule), ("bfloat16", run_bfloat16),
+        ("steps_per_call", run_steps_per_call))}
 
 
 def run_forever(data_dir, model_dir, options):

@@ -106,6 +106,21 @@ def test_evaluates_every_eval_every_steps_and_stops_at_max_steps(scenarios):
     assert os.path.basename(run["checkpoint"]) == "ckpt-12.weights.h5"
 
 
+def test_several_steps_per_call_keep_every_count_exact(scenarios):
+    run = scenarios["steps_per_call"]
+    assert run["per_call"] == 8
+    assert run["step"] == run["iterations"] == 24
+    assert run["evaluated"] == [8, 16, 24]
+    assert run["kept"] == [8, 16, 24]
+    progress = [line.split(",")[0] for line in run["logs"] if line.startswith("step ")]
+    # The first call holds the tracing: lines start after it.
+    assert progress[:2] == ["step 16/24", "step 24/24"], run["logs"]
+    # 28 is not a multiple of 8: 4 steps per call, and the run stops at 28.
+    assert run["longer_per_call"] == 4
+    assert run["longer_step"] == run["longer_iterations"] == 28
+    assert run["longer_evaluated"] == [28]
+
+
 def test_keeps_the_newest_checkpoints(scenarios):
     run = scenarios["train"]
     # Saved at 0 (the start), 5, 10 and 12; keep_checkpoint_max=3.
@@ -212,7 +227,9 @@ def _latest_step(model_dir):
 @pytest.mark.parametrize("backend", KERAS3_BACKENDS)
 def test_sigkill_and_sigterm_resume_from_the_last_checkpoint(backend, data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    forever = dict(max_steps=100000, eval_every_steps=5, log_every_steps=100000)
+    # 100001 shares no divisor with 5: one step per call, so the preemption
+    # stops between multiples of 5 and the resume takes the short epoch.
+    forever = dict(max_steps=100000, eval_every_steps=5, log_every_steps=100001)
 
     # SIGKILL: nothing saved but the periodic checkpoints.
     log1 = tmp_path / "killed.log"

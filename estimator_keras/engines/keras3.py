@@ -14,6 +14,9 @@ It keeps the other engines' contract:
   TensorBoard scalars in ``train/`` and ``validation/`` of the summary dir;
 - ``max_steps`` is exact (the optimizer's ``iterations``); evaluations stay
   on multiples of ``eval_every_steps`` after a resume from any step;
+- up to :data:`MAX_STEPS_PER_EXECUTION` steps run in one call of Keras'
+  compiled training function (:func:`steps_per_execution`), every step the
+  engine acts on still ending a call;
 - a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
   preemption), optimizer state included; a finished run trains nothing and
   reports its evaluation; a model dir that holds only a TensorFlow checkpoint
@@ -50,6 +53,12 @@ from estimator_keras.errors import ConfigError, DataError, ModelDirError
 # The two runs of the summaries, named as Keras' TensorBoard callback names them.
 SUMMARY_SUBDIRS = ("train", "validation")
 
+# Keras returns to Python (and to the callbacks) once per call of its compiled
+# training function: a small model's step is mostly that return, so several
+# steps go in one call. The callbacks see every this many steps at most, so a
+# preemption's checkpoint waits for at most this many steps.
+MAX_STEPS_PER_EXECUTION = 8
+
 
 def _step(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
@@ -66,9 +75,10 @@ class TrainingSteps(keras.callbacks.Callback):
     only when the state is needed (a stop or a preemption's save).
     """
 
-    def __init__(self, plan, meter, last_checkpoint):
+    def __init__(self, plan, meter, last_checkpoint, steps_per_call=1):
         super().__init__()
         self.plan, self.meter, self.last_checkpoint = plan, meter, last_checkpoint
+        self.steps_per_call = steps_per_call
         self.agreement = (preemption.StopAgreement(plan.preemption, plan.strategy)
                           if plan.preemption is not None else None)
         self.step = 0
@@ -77,7 +87,8 @@ class TrainingSteps(keras.callbacks.Callback):
         self.step = _step(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
+        # Keras calls this once per call of its training function.
+        self.step += self.steps_per_call
         # Keras has made the logs Python numbers already: checking every step is free.
         loss = self._finite_loss(logs)
         plan = self.plan
@@ -173,9 +184,24 @@ def _training_scope(strategy):
     return contextlib.nullcontext()
 
 
-def compile_for_keras3(plan):
-    """The plan's model, compiled with a Keras 3 optimizer; raises
-    ConfigError when the builder returns something else than a Keras 3 model."""
+def steps_per_execution(plan, step=0):
+    """Training steps per call of Keras' compiled function for a run of
+    ``plan`` that starts at ``step``: the largest number up to
+    :data:`MAX_STEPS_PER_EXECUTION` that divides every count the engine
+    acts on (progress lines, evaluations, ``max_steps``, the resumed step,
+    ``eval_steps``), so that each of them ends a call and ``max_steps``
+    stays exact (Keras runs whole calls)."""
+    counts = [plan.eval_every_steps, plan.log_every_steps, plan.max_steps, step]
+    if plan.eval_steps:
+        counts.append(plan.eval_steps)
+    common = math.gcd(*(int(c) for c in counts))
+    return max(d for d in range(1, MAX_STEPS_PER_EXECUTION + 1) if common % d == 0)
+
+
+def compile_for_keras3(plan, steps_per_call=1):
+    """The plan's model, compiled with a Keras 3 optimizer (``steps_per_call``
+    steps per call of its training function); raises ConfigError when the
+    builder returns something else than a Keras 3 model."""
     model = plan.build_model()
     if not isinstance(model, keras.Model):
         raise ConfigError(
@@ -185,7 +211,7 @@ def compile_for_keras3(plan):
             f"or with tf.keras without TF_USE_LEGACY_KERAS=1, or use --engine keras for "
             f"Keras 2 models.")
     model.compile(optimizer=optimizers.keras3_optimizer(plan.optimizer, plan.learning_rate),
-                  loss=plan.loss, metrics=plan.metrics())
+                  loss=plan.loss, metrics=plan.metrics(), steps_per_execution=steps_per_call)
     return model
 
 
@@ -193,6 +219,15 @@ def _tf_checkpoint(model_dir):
     """The newest TensorFlow checkpoint (estimator or keras engine), or None."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     return tf.train.latest_checkpoint(str(model_dir))
+
+
+def _tf_checkpoint_step(checkpoint):
+    if checkpoint is None:
+        return 0
+    from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
+    step = checkpoints.checkpoint_step(checkpoint)
+    # Unknown until restored: 1 makes one step per call.
+    return 1 if step is None else step
 
 
 def restore(model, checkpoint):
@@ -280,8 +315,10 @@ def _fit(plan):
         # Initial weights and dropout; the runner passes a seed that differs
         # after a restart (base.run_seed), so a resumed run draws anew.
         keras.utils.set_random_seed(int(seed))
+    start = ckpts.step_of(latest) if latest else _tf_checkpoint_step(other)
+    steps_per_call = steps_per_execution(plan, start)
     with _scope(plan.strategy):
-        model = compile_for_keras3(plan)
+        model = compile_for_keras3(plan, steps_per_call)
         step = 0
         if latest or other:
             step = restore(model, latest or other)
@@ -306,7 +343,7 @@ def _fit(plan):
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
                                plan.max_steps)
     evaluations = Evaluations(plan, saved)
-    steps = TrainingSteps(plan, meter, lambda: evaluations.saved)
+    steps = TrainingSteps(plan, meter, lambda: evaluations.saved, steps_per_call)
     train_data, eval_data = _datasets(plan)
     every = plan.eval_every_steps
     fit = dict(validation_data=eval_data, validation_steps=plan.eval_steps,
