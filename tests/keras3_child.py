@@ -178,16 +178,31 @@ def run_bfloat16(data_dir, model_dir, options):
                     {"x": keras.ops.zeros((2, NUM_FEATURES))})).dtype))
 
 
+class ExamplesSeen(keras.metrics.Sum):
+    """Examples in the batches a training or an evaluation computed on."""
+
+    def __init__(self):
+        super().__init__(name="examples_seen")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        del y_pred, sample_weight
+        return super().update_state(keras.ops.ones_like(keras.ops.cast(y_true, "float32")))
+
+
 def run_steps_per_call(data_dir, model_dir, options):
     """Step counts that 8 divides (8 steps per call of Keras' training
-    function), then a longer run to a count that only 4 divides."""
+    function) and evaluations of 2 batches, then a longer run to a count
+    that only 4 divides."""
     evaluations, logs = [], []
-    fields = dict(options, max_steps=24, eval_every_steps=8, log_every_steps=8)
-    result = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
-                                                   **fields))
+    fields = dict(options, max_steps=24, eval_every_steps=8, log_every_steps=8, eval_steps=2)
+    plan = make_plan(data_dir, model_dir, evaluations, logs, **fields)
+    plan = dataclasses.replace(plan, metrics=lambda: ["accuracy", ExamplesSeen()])
+    result = keras3.Keras3Engine().train(plan)
     out = dict(step=result.global_step, iterations=keras3._step(result.model),
                per_call=result.model.steps_per_execution,
-               evaluated=[m["global_step"] for _, m in evaluations], kept=_steps(model_dir))
+               evaluated=[m["global_step"] for _, m in evaluations], kept=_steps(model_dir),
+               examples_evaluated=[m["examples_seen"] for _, m in evaluations],
+               final_examples=result.metrics["examples_seen"])
     del evaluations[:]
     longer = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
                                                    **dict(fields, max_steps=28)))

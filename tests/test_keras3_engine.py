@@ -112,6 +112,10 @@ def test_several_steps_per_call_keep_every_count_exact(scenarios):
     assert run["step"] == run["iterations"] == 24
     assert run["evaluated"] == [8, 16, 24]
     assert run["kept"] == [8, 16, 24]
+    # eval_steps=2 of 32 examples each: an evaluation ends with its batches,
+    # not after a whole call of 8.
+    assert run["examples_evaluated"] == [64.0, 64.0, 64.0]
+    assert run["final_examples"] == 64.0
     progress = [line.split(",")[0] for line in run["logs"] if line.startswith("step ")]
     # The first call holds the tracing: lines start after it.
     assert progress[:2] == ["step 16/24", "step 24/24"], run["logs"]

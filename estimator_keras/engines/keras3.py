@@ -188,12 +188,10 @@ def steps_per_execution(plan, step=0):
     """Training steps per call of Keras' compiled function for a run of
     ``plan`` that starts at ``step``: the largest number up to
     :data:`MAX_STEPS_PER_EXECUTION` that divides every count the engine
-    acts on (progress lines, evaluations, ``max_steps``, the resumed step,
-    ``eval_steps``), so that each of them ends a call and ``max_steps``
-    stays exact (Keras runs whole calls)."""
+    acts on (progress lines, evaluations, ``max_steps``, the resumed step),
+    so that each of them ends a call and ``max_steps`` stays exact (Keras
+    runs whole calls). Evaluations end with their data (:func:`_eval_data`)."""
     counts = [plan.eval_every_steps, plan.log_every_steps, plan.max_steps, step]
-    if plan.eval_steps:
-        counts.append(plan.eval_steps)
     common = math.gcd(*(int(c) for c in counts))
     return max(d for d in range(1, MAX_STEPS_PER_EXECUTION + 1) if common % d == 0)
 
@@ -275,7 +273,15 @@ def _datasets(plan):
     else:
         train = plan.strategy.distribute_datasets_from_function(
             lambda ctx: plan.train_data(input_context=ctx))
-    return train, plan.eval_data(input_context=None)
+    return train, _eval_data(plan)
+
+
+def _eval_data(plan):
+    """The eval split, cut to ``eval_steps`` batches: an evaluation reads
+    the same batches every time, and ends with its data rather than after
+    Keras' whole calls of several steps."""
+    data = plan.eval_data(input_context=None)
+    return data.take(plan.eval_steps) if plan.eval_steps else data
 
 
 @contextlib.contextmanager
@@ -292,7 +298,7 @@ def _quiet_end_of_data():
 
 def _evaluate(model, plan, step):
     with _quiet_end_of_data():
-        values = model.evaluate(plan.eval_data(input_context=None), steps=plan.eval_steps,
+        values = model.evaluate(_eval_data(plan),
                                 verbose=0, return_dict=True)
     metrics = {k: float(v) for k, v in values.items()}
     metrics["global_step"] = step
@@ -346,7 +352,7 @@ def _fit(plan):
     steps = TrainingSteps(plan, meter, lambda: evaluations.saved, steps_per_call)
     train_data, eval_data = _datasets(plan)
     every = plan.eval_every_steps
-    fit = dict(validation_data=eval_data, validation_steps=plan.eval_steps,
+    fit = dict(validation_data=eval_data,
                callbacks=[steps, evaluations], shuffle=False, verbose=0)
     try:
         with _quiet_end_of_data(), _training_scope(plan.strategy):
