@@ -31,6 +31,8 @@ def main(model_dir, out, steps):
     # pylint: disable=import-outside-toplevel  (after prepare_keras and the join)
     import keras
     import tensorflow as tf
+    # The global batch, counted by a metric.
+    from keras3_child import ExamplesSeen
 
     rng = np.random.default_rng(7)
     x = rng.normal(size=(EXAMPLES, FEATURES)).astype("float32")
@@ -41,16 +43,6 @@ def main(model_dir, out, steps):
     def note(batch_ids):
         seen.update(batch_ids.numpy().tolist())
         return batch_ids
-
-    class ExamplesSeen(keras.metrics.Sum):
-        """Examples in the batches training computed on: the global batch."""
-
-        def __init__(self):
-            super().__init__(name="examples_seen")
-
-        def update_state(self, y_true, y_pred, sample_weight=None):
-            del y_pred, sample_weight
-            return super().update_state(keras.ops.ones_like(keras.ops.cast(y_true, "float32")))
 
     def train_data(input_context=None):
         del input_context
