@@ -219,13 +219,13 @@ def _tf_checkpoint(model_dir):
     return tf.train.latest_checkpoint(str(model_dir))
 
 
-def _tf_checkpoint_step(checkpoint):
-    if checkpoint is None:
-        return 0
+def checkpoint_step(checkpoint):
+    """The step of a keras3 checkpoint or of another engine's TF checkpoint
+    (None where a TF checkpoint does not hold one)."""
+    if ckpts.is_checkpoint(checkpoint):
+        return ckpts.step_of(checkpoint)
     from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
-    step = checkpoints.checkpoint_step(checkpoint)
-    # Unknown until restored: 1 makes one step per call.
-    return 1 if step is None else step
+    return checkpoints.checkpoint_step(checkpoint)
 
 
 def restore(model, checkpoint):
@@ -298,8 +298,7 @@ def _quiet_end_of_data():
 
 def _evaluate(model, plan, step):
     with _quiet_end_of_data():
-        values = model.evaluate(_eval_data(plan),
-                                verbose=0, return_dict=True)
+        values = model.evaluate(_eval_data(plan), verbose=0, return_dict=True)
     metrics = {k: float(v) for k, v in values.items()}
     metrics["global_step"] = step
     return metrics
@@ -321,8 +320,9 @@ def _fit(plan):
         # Initial weights and dropout; the runner passes a seed that differs
         # after a restart (base.run_seed), so a resumed run draws anew.
         keras.utils.set_random_seed(int(seed))
-    start = ckpts.step_of(latest) if latest else _tf_checkpoint_step(other)
-    steps_per_call = steps_per_execution(plan, start)
+    start = checkpoint_step(latest or other) if latest or other else 0
+    # A step unknown until restored: 1 makes one step per call.
+    steps_per_call = steps_per_execution(plan, 1 if start is None else start)
     with _scope(plan.strategy):
         model = compile_for_keras3(plan, steps_per_call)
         step = 0
@@ -465,7 +465,4 @@ class Keras3Engine(base.Engine):
 
     def checkpoint_step(self, checkpoint):
         """The step of a keras3 checkpoint or of another engine's TF checkpoint."""
-        if ckpts.is_checkpoint(checkpoint):
-            return ckpts.step_of(checkpoint)
-        from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
-        return checkpoints.checkpoint_step(checkpoint)
+        return checkpoint_step(checkpoint)
