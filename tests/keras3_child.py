@@ -212,13 +212,40 @@ def run_steps_per_call(data_dir, model_dir, options):
                 longer_evaluated=[m["global_step"] for _, m in evaluations])
 
 
+def run_one_input(data_dir, model_dir, options):
+    """A model of one Input built as the experiments' builders build theirs,
+    ``Model(inputs, outputs)``, on the pipeline's dict of features: trained,
+    evaluated and evaluated again from its checkpoint, every warning kept."""
+    import warnings  # pylint: disable=import-outside-toplevel
+
+    def one_input():
+        features = keras.Input((NUM_FEATURES,), name="x")
+        return keras.Model(features, keras.layers.Dense(NUM_CLASSES, activation="softmax")(
+            features))
+
+    evaluations = []
+    plan = dataclasses.replace(
+        make_plan(data_dir, model_dir, evaluations, [],
+                  **dict(dict(max_steps=20, eval_every_steps=10), **options)),
+        build_model=one_input)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = keras3.Keras3Engine()
+        result = engine.train(plan)
+        evaluated = engine.evaluate(plan, ckpts.latest(model_dir))
+    return dict(step=result.global_step, metrics=result.metrics, evaluated=evaluated,
+                evaluations=[m["global_step"] for _, m in evaluations],
+                structure_warnings=[str(w.message) for w in caught
+                                    if "structure of `inputs`" in str(w.message)])
+
+
 def run_all(data_dir, model_dir, options):
     """Every in-process scenario, each in a model dir of its own: one
     interpreter (and one backend start-up) for all of them."""
     return {name: fn(data_dir, os.path.join(model_dir, name), options) for name, fn in (
         ("train", run_train), ("restore", run_restore), ("nan", run_nan), ("early", run_early),
         ("mirrored", run_mirrored), ("schedule", run_schedule), ("bfloat16", run_bfloat16),
-        ("steps_per_call", run_steps_per_call))}
+        ("steps_per_call", run_steps_per_call), ("one_input", run_one_input))}
 
 
 def run_forever(data_dir, model_dir, options):

@@ -125,6 +125,16 @@ def test_several_steps_per_call_keep_every_count_exact(scenarios):
     assert run["longer_evaluated"] == [28]
 
 
+def test_a_model_of_one_input_takes_the_pipelines_features_without_a_warning(scenarios):
+    run = scenarios["one_input"]
+    # Keras 3 warns at every trace when such a model is given the features'
+    # dict; the engine hands it its one tensor.
+    assert run["structure_warnings"] == []
+    assert run["step"] == 20 and run["evaluations"] == [10, 20]
+    assert run["evaluated"] == run["metrics"]
+    assert run["metrics"]["accuracy"] > 0.6, run["metrics"]
+
+
 def test_keeps_the_newest_checkpoints(scenarios):
     run = scenarios["train"]
     # Saved at 0 (the start), 5, 10 and 12; keep_checkpoint_max=3.

@@ -265,23 +265,51 @@ def _scope(strategy):
     return strategy.scope()
 
 
-def _datasets(plan):
+def _datasets(plan, model):
     """(train, eval) datasets; under a strategy the training batches are per replica."""
     if plan.strategy is None or isinstance(plan.strategy, DataParallelProcesses):
         # A process of a group reads its own share already (the plan's input_fn).
-        train = plan.train_data(input_context=None)
+        train = _as_built(model, plan.train_data(input_context=None))
     else:
         train = plan.strategy.distribute_datasets_from_function(
-            lambda ctx: plan.train_data(input_context=ctx))
-    return train, _eval_data(plan)
+            lambda ctx: _as_built(model, plan.train_data(input_context=ctx)))
+    return train, _eval_data(plan, model)
 
 
-def _eval_data(plan):
+def _eval_data(plan, model):
     """The eval split, cut to ``eval_steps`` batches: an evaluation reads
     the same batches every time, and ends with its data rather than after
     Keras' whole calls of several steps."""
-    data = plan.eval_data(input_context=None)
+    data = _as_built(model, plan.eval_data(input_context=None))
     return data.take(plan.eval_steps) if plan.eval_steps else data
+
+
+def _as_built(model, data):
+    """``data`` with its features as ``model`` was built to take them.
+
+    The pipeline's features are a dict keyed by input name. A model of
+    several inputs takes that dict as it is; a model of one ``Input`` built
+    as ``Model(inputs, outputs)`` (every built-in builder) takes the dict
+    too, but Keras 3 warns at each trace that its structure does not match
+    the model's. Such a model gets its one tensor; anything else passes
+    unchanged, so Keras names what does not fit."""
+    spec = getattr(data, "element_spec", None)  # None: not a tf.data.Dataset
+    features = spec[0] if isinstance(spec, tuple) else spec
+    try:
+        single = model.input
+    except (AttributeError, ValueError):  # a subclassed model has no input until called
+        return data
+    if not (isinstance(single, keras.KerasTensor) and isinstance(features, dict)
+            and single.name in features):
+        return data
+    name = single.name
+
+    def pick(*element):
+        if len(element) == 1:
+            return element[0][name]
+        return (element[0][name],) + element[1:]
+
+    return data.map(pick)
 
 
 @contextlib.contextmanager
@@ -298,7 +326,7 @@ def _quiet_end_of_data():
 
 def _evaluate(model, plan, step):
     with _quiet_end_of_data():
-        values = model.evaluate(_eval_data(plan), verbose=0, return_dict=True)
+        values = model.evaluate(_eval_data(plan, model), verbose=0, return_dict=True)
     metrics = {k: float(v) for k, v in values.items()}
     metrics["global_step"] = step
     return metrics
@@ -350,7 +378,7 @@ def _fit(plan):
                                plan.max_steps)
     evaluations = Evaluations(plan, saved)
     steps = TrainingSteps(plan, meter, lambda: evaluations.saved, steps_per_call)
-    train_data, eval_data = _datasets(plan)
+    train_data, eval_data = _datasets(plan, model)
     every = plan.eval_every_steps
     fit = dict(validation_data=eval_data,
                callbacks=[steps, evaluations], shuffle=False, verbose=0)
