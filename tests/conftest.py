@@ -12,6 +12,9 @@ import pytest  # noqa: E402  pylint: disable=wrong-import-position
 
 from support import FASHION, cli  # noqa: E402  pylint: disable=wrong-import-position
 
+# Which modules, backends and skips this tox env has (tests/environments.py).
+pytest_plugins = ["environments"]
+
 
 @pytest.fixture
 def run_cli():

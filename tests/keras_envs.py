@@ -6,9 +6,10 @@ tf.estimator, its own Keras 2), ``keras`` (TensorFlow 2.16+ with tf-keras,
 ``TF_USE_LEGACY_KERAS=1``), ``keras3-tensorflow`` and ``keras3-jax``
 (Keras 3 on that backend). The interpreter of each is taken from
 ``ESTIMATOR_KERAS_PYTHON_ESTIMATOR`` / ``..._KERAS`` / ``..._KERAS3`` when
-set, else the first of this interpreter and the tox envs ``py311``,
-``keras`` and ``keras3`` (of this tree, then of the tree tox runs from)
-that has the packages; a pair with none is skipped, with the reason.
+set, else the first of this interpreter and the tox envs that have its
+packages (``py311``, ``py313``, ``keras``; of this tree, then of the tree
+tox runs from); a pair with none is skipped, with the reason. CI runs these
+tests in the keras env, the last of tox's envlist, when all three exist.
 """
 
 import functools
@@ -54,17 +55,21 @@ def _facts(python):
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
+# The tox envs (tox.ini) that have each pair's packages.
+_TOX_ENVS = {"estimator": ("py311",), "keras": ("keras",), "keras3-tensorflow": ("py313", "keras"),
+             "keras3-jax": ("keras",)}
+
+
 def _candidates(pair):
     variable = "ESTIMATOR_KERAS_PYTHON_" + {"estimator": "ESTIMATOR", "keras": "KERAS"}.get(
         pair, "KERAS3")
     if os.environ.get(variable):
         return [os.environ[variable]], variable
-    tox = {"estimator": "py311", "keras": "keras"}.get(pair, "keras3")
     roots = [ROOT] + ([os.environ["TOX_WORK_DIR"]] if os.environ.get("TOX_WORK_DIR") else [])
     found = [sys.executable]
     for root in roots:
         base = root if root.endswith(".tox") else os.path.join(root, ".tox")
-        found.append(os.path.join(base, tox, "bin", "python"))
+        found += [os.path.join(base, tox, "bin", "python") for tox in _TOX_ENVS[pair]]
     return [p for p in found if os.path.exists(p)], variable
 
 

@@ -25,13 +25,13 @@ def keras3_installed():
 
 
 # The keras3 engine's backends as test parameters, each skipped where it
-# cannot run.
+# cannot run; tests/environments.py says which environment runs which.
 KERAS3_BACKENDS = [
-    pytest.param("tensorflow", marks=pytest.mark.skipif(
-        not keras3_installed(), reason="Keras 3 is not installed (TensorFlow <= 2.15)")),
-    pytest.param("jax", marks=pytest.mark.skipif(
+    pytest.param("tensorflow", marks=[pytest.mark.keras3_backend("tensorflow"), pytest.mark.skipif(
+        not keras3_installed(), reason="Keras 3 is not installed (TensorFlow <= 2.15)")]),
+    pytest.param("jax", marks=[pytest.mark.keras3_backend("jax"), pytest.mark.skipif(
         not keras3_installed() or importlib.util.find_spec("jax") is None,
-        reason="Keras 3 or JAX is not installed (pip install -e '.[jax]')")),
+        reason="Keras 3 or JAX is not installed (pip install -e '.[jax]')")]),
 ]
 
 

@@ -9,7 +9,6 @@ start-up); the signal tests need children of their own. A backend that is
 not installed is skipped, and everything is skipped without Keras 3.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 from estimator_keras.engines import keras3_checkpoints as ckpts
+import keras_envs
 from support import KERAS3_BACKENDS, ROOT, child_env, kill_group
 
 pytestmark = pytest.mark.slow
@@ -159,8 +159,6 @@ def test_more_steps_continue_on_multiples_of_eval_every(scenarios):
                for line in run["logs"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
-                    reason="TensorBoard is not installed")
 def test_writes_tensorboard_scalars(scenarios):
     model_dir = scenarios["train"]["model_dir"]
     validation = _scalars(model_dir / "validation")
@@ -308,9 +306,6 @@ print("RESULT " + json.dumps(keras_engine.KerasEngine().train(plan).metrics))
 
 @pytest.mark.parametrize("backend", KERAS3_BACKENDS)
 def test_continues_a_model_dir_of_the_keras_engine(backend, data_dir, tmp_path):
-    keras_envs = pytest.importorskip("keras_envs")
-    if importlib.util.find_spec("estimator_keras.keras3_migration") is None:
-        pytest.skip("estimator_keras.keras3_migration is not in this tree")
     model_dir = tmp_path / "run"
     keras2 = _result(keras_envs.run("keras", KERAS2_RUN, data_dir, model_dir))
     tf_checkpoint = str(model_dir / "model.ckpt-5")

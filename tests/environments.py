@@ -1,0 +1,212 @@
+"""What each tox environment runs, and the only cases it may skip.
+
+CI runs tox's envlist (py311, keras, py313, in that order: tests that move
+weights between engines start the envs' interpreters built before theirs). Each environment runs the test
+modules listed for it, the keras3 engine on the backends listed for it, and
+may skip exactly the cases in its ``skips``: a case that cannot run there
+(no tf.estimator on TensorFlow 2.21, no Keras 3 on 2.15, no JAX where the
+Quickstart installs none). Any other skip fails the run (tests/conftest.py),
+and ``tests/test_environments.py`` checks that the environments together run
+every module, both backends and every skipped case.
+
+``TOX_ENV_NAME`` (set by tox) names the environment; ``EK_TEST_ENV``
+overrides it. Outside tox neither is set: pytest then runs what it is given
+and skips what this interpreter cannot run, without the check.
+"""
+
+import collections
+import fnmatch
+import os
+
+Environment = collections.namedtuple("Environment", "description modules backends skips")
+
+ENVIRONMENTS = {
+    "py311": Environment(
+        "Python 3.11, TensorFlow 2.15 with tf.estimator and its own Keras 2: the estimator "
+        "and keras engines, the data layer, the cloud targets, the docs build",
+        modules=(
+            "test_benchmarks.py", "test_built_once.py", "test_caches.py", "test_checkpoints.py",
+            "test_cli.py", "test_cli_usage.py", "test_cloud.py", "test_cluster.py",
+            "test_cluster_checks.py", "test_cluster_network.py", "test_cluster_preemption.py",
+            "test_distributed.py", "test_docs.py", "test_embeddings.py",
+            "test_engine_interface.py", "test_environments.py", "test_error_causes.py",
+            "test_export.py", "test_fuzz.py", "test_inputs.py", "test_io.py", "test_jaxjob.py",
+            "test_keras3_setup.py",
+            "test_keras_engine.py", "test_layout.py", "test_learning_rate.py",
+            "test_live_summaries.py", "test_manifest.py", "test_memory.py",
+            "test_modeldir_lock.py", "test_output.py", "test_package.py", "test_plugins.py",
+            "test_plugins_cluster.py", "test_precision.py", "test_preemption.py",
+            "test_preemption_tasks.py", "test_prepare_files.py", "test_records.py",
+            "test_reliability.py", "test_resume_randomness.py", "test_sources.py",
+            "test_submit_flags.py", "test_tune.py", "test_vector_data.py", "test_your_data.py",
+            "test_model_dir_guarantees.py", "test_messages.py", "test_one_input_models.py",
+            "test_exit.py",
+        ),
+        backends=(),
+        skips={
+            **{f"tests/test_keras3_setup.py::{name}": "Keras 3 needs TensorFlow 2.16+"
+               for name in ("test_auto_follows_tf_keras_and_keras3_model_dirs",
+                            "test_keras3_wins_over_the_legacy_variable_the_package_sets",
+                            "test_keras_engine_keeps_tf_keras",
+                            "test_keras3_after_tensorflow_handed_out_keras2_is_refused",
+                            "test_backend_change_after_keras_import_is_refused",
+                            "test_cli_unknown_backend",
+                            "test_cli_backend_not_installed_names_the_extra",
+                            "test_cli_list_still_answers_and_tune_refuses_up_front",
+                            "test_a_model_mixing_keras2_and_keras3_is_refused")},
+            "tests/test_messages.py::test_cli_refuses_torch_before_any_work":
+                "Keras 3 needs TensorFlow 2.16+",
+            "tests/test_messages.py::test_jax_on_the_cpu_warns_for_convolutions_only":
+                "Keras 3 needs TensorFlow 2.16+",
+            "tests/test_model_dir_guarantees.py::"
+            "test_a_tf_checkpoint_of_another_architecture_names_each_weight_once":
+                "Keras 3 needs TensorFlow 2.16+",
+            "tests/test_one_input_models.py::*[[]keras3-*]": "Keras 3 needs TensorFlow 2.16+",
+        },
+    ),
+    "keras": Environment(
+        "Python 3.13 with '.[cpu,jax]' and tf-keras: the keras engine on TensorFlow 2.21, the "
+        "keras3 engine on JAX, Keras 3 across JAX processes",
+        modules=(
+            # Keras 2 from tf-keras on TensorFlow 2.21 (--engine auto is keras
+            # here: TF_USE_LEGACY_KERAS=1), and Keras 3 on JAX, in one process
+            # and across processes.
+            "test_benchmarks_keras.py", "test_cli.py", "test_cluster.py",
+            "test_cluster_checks.py", "test_cluster_preemption.py", "test_distributed.py",
+            "test_embeddings.py", "test_engine_interface.py", "test_environments.py",
+            "test_error_causes.py", "test_jax_cluster.py", "test_jax_processes.py",
+            "test_keras3_cli.py", "test_keras3_engine.py", "test_keras3_export.py",
+            "test_keras3_migration.py", "test_keras3_setup.py", "test_keras_engine.py",
+            "test_learning_rate.py", "test_live_summaries.py", "test_messages.py",
+            "test_modeldir_lock.py", "test_one_input_models.py", "test_output.py",
+            "test_plugins.py", "test_plugins_cluster.py", "test_precision.py",
+            "test_preemption.py", "test_preemption_tasks.py", "test_reliability.py",
+            "test_built_once.py", "test_builders_keras3.py",
+        ),
+        backends=("jax",),
+        skips={
+            "tests/test_embeddings.py::*estimator*": "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_one_input_models.py::*[[]estimator[]]":
+                "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_engine_interface.py::*[[]estimator[]]":
+                "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_keras3_setup.py::test_cli_keras3_without_keras3":
+                "Keras 3 is installed: this case needs an environment without it",
+            "tests/test_keras3_setup.py::test_cli_backend_not_installed_names_the_extra":
+                "JAX is installed: this case needs an environment without a training backend",
+        },
+    ),
+    "py313": Environment(
+        "Python 3.13 with '.[cpu]' and the test tools only, as the Quickstart installs it: "
+        "TensorFlow 2.21 and Keras 3, the keras3 engine on TensorFlow",
+        modules=(
+            # The Quickstart's path: every engine-facing guarantee, example and
+            # command on the keras3 engine, and the data layer on TensorFlow 2.21.
+            "test_builders_keras3.py", "test_built_once.py", "test_caches.py",
+            "test_cli.py", "test_cli_usage.py", "test_docs.py",
+            "test_engine_interface.py", "test_environments.py", "test_error_causes.py",
+            "test_exit.py", "test_inputs.py", "test_io.py", "test_keras3_cli.py",
+            "test_keras3_engine.py", "test_keras3_setup.py", "test_layout.py",
+            "test_live_summaries.py", "test_manifest.py", "test_messages.py",
+            "test_model_dir_guarantees.py", "test_modeldir_lock.py", "test_one_input_models.py",
+            "test_output.py", "test_plugins.py", "test_precision.py", "test_preemption.py",
+            "test_prepare_files.py", "test_records.py", "test_reliability.py",
+            "test_sources.py", "test_your_data.py",
+        ),
+        backends=("tensorflow",),
+        skips={
+            "tests/test_docs.py::test_the_docs_build_strictly":
+                "MkDocs comes with the docs extra, which the Quickstart does not install",
+            "tests/test_engine_interface.py::*[[]estimator[]]":
+                "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_one_input_models.py::*[[]estimator[]]":
+                "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_one_input_models.py::*[[]keras[]]": "no tf-keras",
+            "tests/test_one_input_models.py::*[[]keras3-jax[]]": "no JAX",
+            "tests/test_keras3_setup.py::test_keras_engine_keeps_tf_keras": "no tf-keras",
+            "tests/test_keras3_setup.py::test_keras3_after_tensorflow_handed_out_keras2_is_refused":
+                "no tf-keras",
+            "tests/test_keras3_setup.py::test_a_model_mixing_keras2_and_keras3_is_refused":
+                "no tf-keras",
+            "tests/test_keras3_setup.py::test_backend_change_after_keras_import_is_refused":
+                "no JAX",
+            "tests/test_keras3_setup.py::test_cli_keras3_without_keras3":
+                "Keras 3 is installed: this case needs an environment without it",
+        },
+    ),
+}
+
+
+def current():
+    """(name, :class:`Environment`) of the environment running the tests,
+    or (None, None) outside tox."""
+    name = os.environ.get("EK_TEST_ENV") or os.environ.get("TOX_ENV_NAME")
+    return (name, ENVIRONMENTS[name]) if name in ENVIRONMENTS else (None, None)
+
+
+def expected_skip(environment, nodeid):
+    """The reason ``environment`` gives for skipping ``nodeid``, or None."""
+    for pattern, reason in environment.skips.items():
+        if fnmatch.fnmatchcase(nodeid, pattern):
+            return reason
+    return None
+
+
+# -- pytest hooks (a plugin: tests/conftest.py loads this module) -------------
+
+ENV_NAME, ENV = current()
+_UNEXPECTED_SKIPS = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "keras3_backend(name): a case of the keras3 engine on "
+                                       "that Keras backend (tests/environments.py)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Test modules that another environment runs."""
+    del config
+    name = collection_path.name
+    if ENV is None or not (name.startswith("test_") and name.endswith(".py")):
+        return None
+    return True if name not in ENV.modules else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The keras3 engine's cases on a backend that another environment runs."""
+    if ENV is None:
+        return
+    kept, other = [], []
+    for item in items:
+        mark = item.get_closest_marker("keras3_backend")
+        (other if mark and mark.args[0] not in ENV.backends else kept).append(item)
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = kept
+
+
+def pytest_runtest_logreport(report):
+    if ENV is None or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    if expected_skip(ENV, report.nodeid) is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        _UNEXPECTED_SKIPS.append((report.nodeid, str(reason)))
+
+
+def pytest_collectreport(report):
+    """A module that skips itself as it is imported."""
+    pytest_runtest_logreport(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A skip this environment does not list fails the run: it could hide a
+    case that no environment runs."""
+    if _UNEXPECTED_SKIPS and exitstatus in (0, 5):
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _UNEXPECTED_SKIPS:
+        terminalreporter.section(f"skips that tests/environments.py does not list for {ENV_NAME}")
+        for nodeid, reason in _UNEXPECTED_SKIPS:
+            terminalreporter.line(f"{nodeid}: {reason}")

@@ -1,0 +1,105 @@
+"""CI's environments together run every test module, both Keras 3 backends
+and every case that one of them skips; a skip no environment lists fails."""
+
+import configparser
+import fnmatch
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+
+import environments
+from support import ROOT, child_env
+
+MODULES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py")))
+
+
+def _envlist():
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(os.path.join(ROOT, "tox.ini"))
+    return [e.strip() for e in tox["tox"]["envlist"].split(",")]
+
+
+def test_the_environments_are_toxs_envlist():
+    assert _envlist() == list(environments.ENVIRONMENTS)
+    # Tests that move weights between engines start the other envs'
+    # interpreters: py311's before keras, both before py313.
+    assert _envlist() == ["py311", "keras", "py313"]
+
+
+def test_every_env_runs_pytest_with_the_callers_arguments_only():
+    """`tox -- -m "not slow"` (the README's fast command) replaces posargs:
+    no env may keep its choice of tests there, or the replacement loses it."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(os.path.join(ROOT, "tox.ini"))
+    for name in _envlist():
+        section = tox[f"testenv:{name}"] if tox.has_section(f"testenv:{name}") else tox["testenv"]
+        commands = section.get("commands", tox["testenv"]["commands"]).strip()
+        assert commands == "pytest {posargs:-q -ra}", (name, commands)
+
+
+def test_every_module_runs_somewhere_and_every_listed_module_exists():
+    listed = {m for env in environments.ENVIRONMENTS.values() for m in env.modules}
+    assert sorted(set(MODULES) - listed) == [], "modules no environment runs"
+    assert sorted(listed - set(MODULES)) == [], "listed modules that do not exist"
+
+
+def test_both_keras3_backends_run_somewhere():
+    backends = {b for env in environments.ENVIRONMENTS.values() for b in env.backends}
+    assert backends == {"tensorflow", "jax"}
+
+
+def test_every_expected_skip_runs_in_another_environment():
+    for name, env in environments.ENVIRONMENTS.items():
+        for pattern, reason in env.skips.items():
+            assert reason, (name, pattern)
+            module = os.path.basename(pattern.split("::")[0])
+            assert fnmatch.filter(MODULES, module), (name, pattern, "names no module")
+            example = pattern.replace("*", "x").replace("[", "").replace("]", "")
+            runs = [other for other, e in environments.ENVIRONMENTS.items() if other != name
+                    and fnmatch.filter(e.modules, module)
+                    and environments.expected_skip(e, example) is None
+                    and environments.expected_skip(e, pattern) is None]
+            assert runs, f"{pattern} is skipped in {name} and runs in no other environment"
+
+
+def _pytest(tmp_path, env_name, body):
+    # The module must be one the environment runs (here: this one's name).
+    (tmp_path / "test_environments.py").write_text(textwrap.dedent(body))
+    env = child_env(EK_TEST_ENV=env_name)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "environments",
+                           "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           str(tmp_path / "test_environments.py")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_skip_the_environment_does_not_list_fails_the_run(tmp_path):
+    proc = _pytest(tmp_path, "py313", """
+        import pytest
+
+        def test_passes():
+            assert 1 + 1 == 2
+
+        def test_skips():
+            pytest.skip("something is missing")
+    """)
+    assert proc.returncode == 1, proc.stdout
+    assert "skips that tests/environments.py does not list for py313" in proc.stdout
+    assert "test_environments.py::test_skips: " in proc.stdout
+    assert "something is missing" in proc.stdout
+
+
+def test_a_run_without_skips_passes_and_other_backends_are_deselected(tmp_path):
+    proc = _pytest(tmp_path, "py313", """
+        import pytest
+
+        @pytest.mark.parametrize("backend", [
+            pytest.param("tensorflow", marks=pytest.mark.keras3_backend("tensorflow")),
+            pytest.param("jax", marks=pytest.mark.keras3_backend("jax"))])
+        def test_backend(backend):
+            assert backend == "tensorflow"
+    """)
+    assert proc.returncode == 0, proc.stdout
+    assert "1 passed, 1 deselected" in proc.stdout
