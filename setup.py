@@ -61,14 +61,15 @@ setup(
     # keras3 engines run on newer TensorFlow and Python too.
     python_requires=">=3.9",
     # TensorFlow comes from an extra, so a CPU user never pulls the GPU wheels
-    # and each Python gets a TensorFlow that has wheels for it:
-    #   pip install "estimator-keras[cpu]"   Python <= 3.11: TF 2.15 + tf.estimator
-    #                                        (estimator and keras engines);
-    #                                        Python >= 3.12: TF 2.21 + Keras 3 (keras3 engine)
-    #   pip install "estimator-keras[gpu]"   the same with CUDA
-    #   pip install "estimator-keras[jax]"   JAX on CPU, for KERAS_BACKEND=jax (keras3 engine)
-    #   pip install "estimator-keras[keras]" TF 2.16-2.21 + tf-keras (keras engine)
-    #   pip install "estimator-keras[keras-cpu]" && pip install --no-deps "tf-keras~=2.21.0"
+    # and each Python gets a TensorFlow that has wheels for it. From the
+    # checkout's folder (the package is not on an index):
+    #   pip install -e '.[cpu]'        Python <= 3.11: TF 2.15 + tf.estimator
+    #                                  (estimator and keras engines);
+    #                                  Python >= 3.12: TF 2.21 + Keras 3 (keras3 engine)
+    #   pip install -e '.[gpu]'        the same with CUDA
+    #   pip install -e '.[jax]'        JAX on CPU, for KERAS_BACKEND=jax (keras3 engine)
+    #   pip install -e '.[keras]'      TF 2.16-2.21 + tf-keras (keras engine)
+    #   pip install -e '.[keras-cpu]' && pip install --no-deps "tf-keras~=2.21.0"
     #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
     install_requires=["pyyaml"] + _job_requires(),
     extras_require={

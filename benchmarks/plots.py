@@ -84,7 +84,7 @@ def write_plots(results, folder, prefix=""):
         _pyplot()
     except ImportError:
         sys.stderr.write("matplotlib is not installed: no plots (pip install "
-                         "'estimator-keras[bench]')\n")
+                         "-e '.[bench]' in the checkout)\n")
         return []
     os.makedirs(folder, exist_ok=True)
     tables, written = results.get("tables", {}), []

@@ -1,37 +1,78 @@
-"""Reading checkpoints of either engine: which step and engine wrote one,
-whether it fits a model, and the one correct way to load it into Keras.
+"""Finding and reading the checkpoints of every engine: which a model dir
+holds, which step and engine wrote one, whether it fits a model, and the one
+correct way to load a TensorFlow checkpoint into Keras.
 
-Both engines write object-based checkpoints whose weight keys are the
-model's (``layer_with_weights-N/kernel/.ATTRIBUTES/VARIABLE_VALUE``); the
-Estimator adds its ``estimator_global_step``, the keras engine its
-optimizer's ``iter``. An Estimator checkpoint loads correctly into Keras only
-into an *uncompiled* model with ``model.load_weights(prefix)``:
-``tf.train.Checkpoint(model=m).restore`` silently restores wrong weights.
+The estimator and keras engines write object-based TensorFlow checkpoints
+whose weight keys are the model's
+(``layer_with_weights-N/kernel/.ATTRIBUTES/VARIABLE_VALUE``); the Estimator
+adds its ``estimator_global_step``, the keras engine its optimizer's
+``iter``. The keras3 engine writes Keras 3 weights files instead
+(:mod:`estimator_keras.engines.keras3_checkpoints`). Every guarantee that
+reads a model dir (the refusal of changed settings, the engine ``auto``
+continues with, the Keras 2 engines' refusal of a keras3 dir) asks
+:func:`any_checkpoint` or :func:`engine_of`, which know both kinds.
+
+An Estimator checkpoint loads correctly into Keras only into an *uncompiled*
+model with ``model.load_weights(prefix)``: ``tf.train.Checkpoint(model=m).restore``
+silently restores wrong weights.
+
+TensorFlow is imported by the functions that read a TensorFlow checkpoint:
+whether the keras3 engine has checkpointed is known without it, before
+:func:`estimator_keras.engines.prepare_keras` has chosen tf.keras.
 """
 
-import json
 import os
 import tempfile
 
-import tensorflow as tf
-
 from estimator_keras import io
-from estimator_keras.errors import EngineMismatchError, ModelDirError
+# The keras3 engine's file format alone, not the engine registry (which imports this module).
+import estimator_keras.engines.keras3_checkpoints as keras3_checkpoints
+from estimator_keras.errors import CheckpointMismatchError, EngineMismatchError, ModelDirError
+
+# pylint: disable=import-outside-toplevel  (TensorFlow, where a TF checkpoint is read)
 
 _STEP_KEYS = ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step",
               "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",
               "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
 _ESTIMATOR_STEP = _STEP_KEYS[0]
-# The keras3 engine's checkpoints (estimator_keras.engines.keras3_checkpoints):
-# ckpt-<step>.weights.h5 files and their index.
-KERAS3_INDEX = "keras3-checkpoints.json"
-KERAS3_SUFFIX = ".weights.h5"
+
+
+def tf_checkpoint(model_dir):
+    """The newest TensorFlow checkpoint prefix (estimator or keras engine)
+    in ``model_dir``, or None."""
+    import tensorflow as tf
+    return tf.train.latest_checkpoint(str(model_dir))
+
+
+def keras3_checkpoint(model_dir):
+    """The keras3 engine's newest checkpoint (a Keras 3 weights file) in
+    ``model_dir``, or None; read from its file names, without Keras 3 or
+    TensorFlow."""
+    return keras3_checkpoints.find(model_dir)
+
+
+def any_checkpoint(model_dir):
+    """The newest checkpoint of any engine in ``model_dir`` (the keras3
+    engine's first: it continues a TF checkpoint beside it and writes its own
+    at once), or None. Imports TensorFlow unless a keras3 checkpoint is there."""
+    return keras3_checkpoint(model_dir) or tf_checkpoint(model_dir)
+
+
+def engine_of(model_dir):
+    """"estimator", "keras" or "keras3": the engine that wrote
+    ``model_dir``'s newest checkpoint, or None where there is none. A model
+    dir the keras3 engine has written to is keras3's (known without
+    TensorFlow); others import TensorFlow."""
+    if keras3_checkpoints.present(model_dir):
+        return "keras3"
+    latest = tf_checkpoint(model_dir)
+    return checkpoint_engine(latest) if latest else None
 
 
 def latest_checkpoint(model_dir):
-    """The newest checkpoint prefix in ``model_dir``; ModelDirError if none
-    (saying so when the keras3 engine's checkpoints are there instead)."""
-    ckpt = tf.train.latest_checkpoint(str(model_dir))
+    """The newest TensorFlow checkpoint prefix in ``model_dir``; ModelDirError
+    if none (saying so when the keras3 engine's checkpoints are there instead)."""
+    ckpt = tf_checkpoint(model_dir)
     if ckpt is None:
         check_not_keras3(model_dir, "estimator or keras")
         raise ModelDirError(f"{model_dir} holds no checkpoint: train first "
@@ -42,6 +83,7 @@ def latest_checkpoint(model_dir):
 def checkpoint_step(checkpoint):
     """The training step stored in a checkpoint of either engine (or of
     Keras' BackupAndRestore, which nests the model one level deeper), or None."""
+    import tensorflow as tf
     reader = tf.train.load_checkpoint(checkpoint)
     for key in _STEP_KEYS:
         if reader.has_tensor(key):
@@ -54,6 +96,7 @@ def checkpoint_step(checkpoint):
 
 def checkpoint_engine(checkpoint):
     """"estimator" or "keras": which engine wrote ``checkpoint``."""
+    import tensorflow as tf
     reader = tf.train.load_checkpoint(checkpoint)
     return "estimator" if reader.has_tensor(_ESTIMATOR_STEP) else "keras"
 
@@ -69,24 +112,6 @@ def check_estimator_can_restore(checkpoint):
             f"its checkpoint {checkpoint} (it has no estimator_global_step). Use --engine "
             f"keras for this model dir, or start a new --model-dir; the weights move between "
             f"engines as {io.join(model_dir, 'export', 'weights.h5')}.")
-
-
-def keras3_checkpoint(model_dir):
-    """The keras3 engine's newest checkpoint (a Keras 3 weights file) in
-    ``model_dir``, or None; read from its file names, without Keras 3."""
-    model_dir = str(model_dir)
-    index = io.join(model_dir, KERAS3_INDEX)
-    if io.exists(index):
-        try:
-            latest = json.loads(io.read_text(index)).get("latest")
-        except (ValueError, AttributeError):
-            latest = None
-        if latest and io.exists(io.join(model_dir, latest)):
-            return io.join(model_dir, latest)
-    found = io.glob(io.join(model_dir, "ckpt-*" + KERAS3_SUFFIX)) if io.isdir(model_dir) else []
-    steps = {p: io.basename(p)[len("ckpt-"):-len(KERAS3_SUFFIX)] for p in found}
-    steps = {p: int(s) for p, s in steps.items() if s.isdigit()}
-    return max(steps, key=steps.get) if steps else None
 
 
 def check_not_keras3(model_dir, engine):
@@ -108,6 +133,7 @@ def check_not_keras3(model_dir, engine):
 def _model_checkpoint_keys(model):
     """Checkpoint key -> shape for each weight, as object-based checkpoints
     name them (``layer_with_weights-N/kernel/...``)."""
+    import tensorflow as tf
     keys = {}
     with tempfile.TemporaryDirectory() as tmp:
         prefix = tf.train.Checkpoint(model=model).write(os.path.join(tmp, "probe"))
@@ -123,6 +149,7 @@ def _model_checkpoint_keys(model):
 def check_compatible(model, checkpoint):
     """Raises ModelDirError naming every weight missing from ``checkpoint`` or
     of another shape there."""
+    import tensorflow as tf
     wanted = _model_checkpoint_keys(model)
     try:
         have = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
@@ -136,27 +163,8 @@ def check_compatible(model, checkpoint):
     unexpected = sorted(k for k in have if k.startswith("layer") and k not in wanted
                         and "OPTIMIZER_SLOT" not in k and k.endswith("VARIABLE_VALUE"))
     if missing or mismatched or unexpected:
-        raise incompatible(checkpoint, mismatched, [k.split("/.ATTRIBUTES")[0] for k in missing],
+        raise CheckpointMismatchError(checkpoint, mismatched, [k.split("/.ATTRIBUTES")[0] for k in missing],
                            [k.split("/.ATTRIBUTES")[0] for k in unexpected])
-
-
-def incompatible(checkpoint, mismatched, missing, unexpected):
-    """The ModelDirError for a checkpoint that does not fit the model:
-    ``mismatched`` lines ("key: model (..), checkpoint (..)"), and the
-    weights ``missing`` from the checkpoint or ``unexpected`` in it."""
-    lines = [f"checkpoint {checkpoint} does not fit this model's architecture "
-             f"(a model dir of another model?); refusing to restore it."]
-    if mismatched:
-        lines.append("shape mismatches: " + "; ".join(mismatched[:10])
-                     + (f" (and {len(mismatched) - 10} more)" if len(mismatched) > 10 else "")
-                     + ".")
-    for label, keys in (("missing from the checkpoint", missing),
-                        ("in the checkpoint but not in the model", unexpected)):
-        if keys:
-            lines.append(f"{label}: " + ", ".join(keys[:10])
-                         + (f" (and {len(keys) - 10} more)" if len(keys) > 10 else "") + ".")
-    lines.append("Use a fresh --model-dir for a different model.")
-    return ModelDirError(" ".join(lines))
 
 
 def load_checkpoint_into(model, checkpoint):

@@ -49,6 +49,25 @@ class ModelDirError(EstimatorKerasError):
     """A model directory is unusable: wrong architecture, locked, unwritable."""
 
 
+class CheckpointMismatchError(ModelDirError):
+    """A checkpoint that does not fit the model: ``mismatched`` lines ("key:
+    model (..), checkpoint (..)"), and the weights ``missing`` from the
+    checkpoint or ``unexpected`` in it, ten of each at most."""
+
+    def __init__(self, checkpoint, mismatched=(), missing=(), unexpected=()):
+        lines = [f"checkpoint {checkpoint} does not fit this model's architecture "
+                 f"(a model dir of another model?); refusing to restore it."]
+        for label, items, sep in (("shape mismatches", mismatched, "; "),
+                                  ("missing from the checkpoint", missing, ", "),
+                                  ("in the checkpoint but not in the model", unexpected, ", ")):
+            if items:
+                lines.append(f"{label}: " + sep.join(items[:10])
+                             + (f" (and {len(items) - 10} more)" if len(items) > 10 else "")
+                             + ".")
+        lines.append("Use a fresh --model-dir for a different model.")
+        super().__init__(" ".join(lines))
+
+
 class EngineMismatchError(ModelDirError, UsageError):
     """The chosen engine cannot read the model dir's checkpoints (another
     engine wrote them): a wrong ``--engine``, so a usage error (exit 2)."""

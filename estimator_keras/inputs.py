@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_keras import io, records
-from estimator_keras.errors import SchemaError, UsageError
+from estimator_keras.errors import UsageError
 from estimator_keras.manifest import SHARD_RE
 from estimator_keras.schema import IMAGE_ENCODINGS, feature_map
 
@@ -154,27 +154,6 @@ class InputConfig:
         if self.cache_shuffle == "auto":
             return self.shuffle == "record"
         return self.cache_shuffle == "records"
-
-
-def input_names(model):
-    """The names by which a functional model takes a dict of features, in
-    the order of ``model.inputs``: Keras 2's ``input_names``; Keras 3 has
-    none and matches dict keys to its input tensors' names."""
-    names = getattr(model, "input_names", None)
-    return list(names) if names is not None else [t.name for t in model.inputs]
-
-
-def check_feature_keys(model, feature_keys):
-    """Raises SchemaError unless the features are exactly the model's inputs."""
-    expected = set(input_names(model))
-    given = set(feature_keys)
-    if expected != given:
-        raise SchemaError(
-            f"the input pipeline's features must be keyed by the model's input "
-            f"names: expected {sorted(expected)}, given {sorted(given)}, missing "
-            f"{sorted(expected - given)}, unexpected {sorted(given - expected)}. "
-            f"Map record features to inputs with InputConfig(features={{input: "
-            f"feature}}).")
 
 
 def parse_examples_fn(schema, mapping, label=None, scale=None, cast=True):

@@ -3,6 +3,11 @@
 
 - ``model.keras``: Keras 3's own file; ``keras.saving.load_model(path)``
   loads it in any Keras 3 process, on any backend, without this package;
+- ``model.h5``: the same model in Keras 3's HDF5 format, so that the one
+  line the other engines' exports document,
+  ``tf.keras.models.load_model(path, compile=False)``, loads this export
+  too, in any Keras 3 process on either backend (Keras 2 cannot read its
+  layer configs: it loads ``weights.h5``);
 - ``weights.h5``: the weights in the legacy HDF5 layout (layer names in the
   model's order, each layer's trainable then non-trainable weights), which
   Keras 2 (``tf.keras`` 2.15, tf-keras 2.16+) loads with
@@ -27,10 +32,12 @@ Example::
                  features={"image": "image"}, class_names=names)
     # elsewhere, Keras 3 without this package:
     model = keras.saving.load_model("/tmp/run/export/model.keras")
+    model = tf.keras.models.load_model("/tmp/run/export/model.h5", compile=False)
 """
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -47,6 +54,7 @@ from estimator_keras.schema import FeatureSpec, schema_to_json
 from estimator_keras.signatures import serving_signatures
 
 MODEL_FILE = "model.keras"
+H5_MODEL_FILE = "model.h5"
 WEIGHTS_FILE = "weights.h5"
 SAVED_MODEL_DIR = "saved_model"
 # HDF5 object headers hold at most 64 KiB of attributes: longer name lists
@@ -81,7 +89,7 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
 
 def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, features=None,
                  metadata=None, class_names=None, flat=False):
-    """Writes ``model.keras``, ``weights.h5``, the SavedModel and
+    """Writes ``model.keras``, ``model.h5``, ``weights.h5``, the SavedModel and
     ``export.json`` of a Keras 3 model with its weights in place, staged and
     swapped in (see :func:`estimator_keras.export.write_staged`). Arguments
     as :func:`estimator_keras.export.export_model`'s. Returns ``export_dir``.
@@ -93,6 +101,7 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
     def write(staging):
         model_file = io.join(staging, MODEL_FILE)
         model.save(model_file)
+        save_h5_model(model, io.join(staging, H5_MODEL_FILE))
         save_legacy_weights(model, io.join(staging, WEIGHTS_FILE))
         target = staging if flat else io.join(staging, SAVED_MODEL_DIR)
         if keras.backend.backend() == "tensorflow":
@@ -103,7 +112,7 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
         info = {"checkpoint": checkpoint, "global_step": step,
                 "inputs": {t.name: {"shape": list(t.shape)[1:], "dtype": str(t.dtype)}
                            for t in model.inputs},
-                "outputs": list(model.output_names), "features": features,
+                "outputs": output_names(model), "features": features,
                 "keras": keras.__version__, "backend": keras.backend.backend(),
                 **(metadata or {})}
         if class_names:
@@ -114,7 +123,34 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
     return export_lib.write_staged(export_dir, write)
 
 
-# -- weights.h5 in the legacy layout
+# -- model.h5 and weights.h5 in the legacy layouts
+
+
+class _Without(logging.Filter):
+    """Drops the log records whose message contains ``text``."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record):
+        return self.text not in record.getMessage()
+
+
+def save_h5_model(model, path):
+    """Writes the model (architecture and weights, no optimizer) to ``path``
+    with Keras 3's HDF5 saving, which ``tf.keras.models.load_model(path,
+    compile=False)`` and ``keras.saving.load_model`` read back on either
+    backend."""
+    # Keras logs that HDF5 is a legacy format at every such save: the export
+    # writes model.keras beside it, so the advice is noise in every run's log.
+    quiet = _Without("considered legacy")
+    absl = logging.getLogger("absl")
+    absl.addFilter(quiet)
+    try:
+        model.save(path, include_optimizer=False)
+    finally:
+        absl.removeFilter(quiet)
 
 
 def save_legacy_weights(model, path):
@@ -153,6 +189,13 @@ def _set_name_list(node, key, names):
 # -- the SavedModel
 
 
+def output_names(model):
+    """The names of a Keras 3 model's outputs: a functional model's
+    ``output_names``; a Sequential has none, and its output is its last layer's."""
+    names = getattr(model, "output_names", None)
+    return list(names) if names else [model.layers[-1].name]
+
+
 def serving_functions(model, schema=None, features=None, class_names=None):
     """The signatures of today's exports as tf.functions over a Keras 3
     model on the TensorFlow backend (see
@@ -165,7 +208,7 @@ def serving_functions(model, schema=None, features=None, class_names=None):
         values = [inputs[n] for n in input_names]
         return model(values[0] if len(values) == 1 else values, training=False)
 
-    return serving_signatures(call, specs, list(model.output_names),
+    return serving_signatures(call, specs, output_names(model),
                               [t.shape for t in model.outputs], schema=schema,
                               features=features, class_names=class_names, autograph=False)
 

@@ -24,7 +24,7 @@ Example::
 import tensorflow as tf
 
 from estimator_keras import checkpoints
-from estimator_keras.errors import ModelDirError
+from estimator_keras.errors import CheckpointMismatchError, ModelDirError
 
 _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -65,14 +65,13 @@ def _plan(model, checkpoint_path):
     have = {k[:-len(_VALUE)]: tuple(shape)
             for k, shape in reader.get_variable_to_shape_map().items()
             if k.endswith(_VALUE) and "OPTIMIZER_SLOT" not in k}
-    matched, missing, mismatched = [], [], []
+    matched, missing, mismatched, used = [], [], [], set()
     for prefix, layer in _layers_with_weights(model):
-        _match_layer(prefix, layer, have, matched, missing, mismatched)
-    used = {key for _, key in matched}
+        _match_layer(prefix, layer, have, matched, missing, mismatched, used)
     # Layer weights the checkpoint holds and the model does not.
     unexpected = sorted(k for k in have if k.startswith("layer_with_weights-") and k not in used)
     if missing or mismatched or unexpected:
-        raise checkpoints.incompatible(checkpoint_path, mismatched, missing, unexpected)
+        raise CheckpointMismatchError(checkpoint_path, mismatched, missing, unexpected)
     return checkpoint_path, reader, matched
 
 
@@ -88,12 +87,13 @@ def _layers_with_weights(model, prefix=""):
         index += 1
 
 
-def _match_layer(prefix, layer, have, matched, missing, mismatched):
+def _match_layer(prefix, layer, have, matched, missing, mismatched, used):
     """Pairs each weight of ``layer`` with its checkpoint key under
-    ``prefix``; records what does not fit."""
+    ``prefix``; records what does not fit, and in ``used`` each key a
+    weight of the model claimed (fitting or not)."""
     if hasattr(layer, "layers") and layer.layers:
         for sub_prefix, sub in _layers_with_weights(layer, prefix + "/"):
-            _match_layer(sub_prefix, sub, have, matched, missing, mismatched)
+            _match_layer(sub_prefix, sub, have, matched, missing, mismatched, used)
         return
     keys = [k for k in have if k.startswith(prefix + "/")]
     for variable in layer.weights:
@@ -103,6 +103,7 @@ def _match_layer(prefix, layer, have, matched, missing, mismatched):
             missing.append(where)
             continue
         keys.remove(key)
+        used.add(key)
         shape = tuple(variable.shape)
         if have[key] != shape:
             mismatched.append(f"{key} (layer {layer.name!r}): model {shape}, "

@@ -6,6 +6,7 @@ strings. A classifier given its class names also returns ``class_name``."""
 import tensorflow as tf
 
 from estimator_keras.inputs import parse_examples_fn
+from estimator_keras.model_inputs import bind_inputs
 from estimator_keras.schema import feature_map
 
 
@@ -42,6 +43,8 @@ def serving_signatures(call, specs, output_names, output_shapes, *, schema=None,
     if schema is not None:
         mapping = feature_map(schema, features, label=None) if features is not None else {
             n: n for n in specs}
+        # Keyed by the model's inputs: one input takes the one feature by arity.
+        mapping = {name: mapping[key] for name, key in bind_inputs(specs, mapping).items()}
         parse = parse_examples_fn(schema, mapping)
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],

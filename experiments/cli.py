@@ -49,8 +49,8 @@ def build_parser():
     p.add_argument("--json", action="store_true",
                    help="print the metrics as one JSON object (for scripts)")
 
-    p = sub.add_parser("export", help="export the latest checkpoint to model.h5 (model.keras "
-                                      "on keras3), weights.h5 and saved_model/")
+    p = sub.add_parser("export", help="export the latest checkpoint to model.h5 (and "
+                                      "model.keras on keras3), weights.h5 and saved_model/")
     train_flags.add_run_flags(p)
     p.add_argument("--export-dir", metavar="DIR", help="default MODEL_DIR/export")
     p.add_argument("--force", action="store_true",
@@ -210,10 +210,11 @@ def main(argv=None):
             return 1
         _fail(EstimatorKerasError(
             f"{e.name} is not installed, and `{args.command}` needs it. Install TensorFlow with "
-            f"this package's extras: pip install 'estimator-keras[cpu]' (TensorFlow 2.15 + "
-            f"tf.estimator on Python <= 3.11, TensorFlow 2.21 + Keras 3 on 3.12+; [gpu] with "
-            f"CUDA), or 'estimator-keras[keras-cpu]' plus pip install --no-deps "
-            f"'tf-keras~=2.21.0' (TensorFlow 2.21, keras engine)."), args.verbose)
+            f"this package's extras, in the folder of your estimator-keras checkout: pip "
+            f"install -e '.[cpu]' (TensorFlow 2.15 + tf.estimator on Python <= 3.11, "
+            f"TensorFlow 2.21 + Keras 3 on 3.12+; '.[gpu]' with CUDA), or pip install -e "
+            f"'.[keras-cpu]' plus pip install --no-deps 'tf-keras~=2.21.0' (TensorFlow 2.21, "
+            f"keras engine)."), args.verbose)
         return 1
     except Exception as e:  # pylint: disable=broad-except
         _fail(e, args.verbose, internal=True)

@@ -51,14 +51,17 @@ def load_catalog(args):
 
 def experiment_config(args, **flags):
     """The experiment and its configuration: defaults < --config < --hparams <
-    flags (--dataset and the training flags)."""
+    flags (--dataset and the training flags, by config field). A flag and an
+    --hparams key that set one field to different values are refused."""
     load_catalog(args)
     experiment = registry.get(args.name)
     config = experiment.config
     if getattr(args, "config", None):
         config = config_files.apply(config, config_files.load(args.config),
                                     source=f"--config {args.config}")
-    config = hparams.with_overrides(config, hparams.parse_hparams(args.hparams), **flags)
+    overrides = hparams.parse_hparams(args.hparams)
+    check_flags_agree(config, overrides, flags)
+    config = hparams.with_overrides(config, overrides, **flags)
     if getattr(args, "dataset", None):
         config = dataclasses.replace(config, data=dataclasses.replace(config.data,
                                                                       dataset=args.dataset))
@@ -127,6 +130,25 @@ TRAIN_CONFIG_FLAGS = {"max_steps": "max_steps", "batch_size": "batch_size",
                       "eval_every": "eval_every_steps"}
 
 
+def check_flags_agree(config, overrides, flags):
+    """Raises UsageError when a flag (``flags``: config field -> value or
+    None) and an --hparams key (``overrides``: key -> text) set the same
+    field to different values: two parts of one command line that disagree,
+    where neither is more deliberate than the other. A config file below
+    them is another layer, overridden without a word."""
+    names = {field: "--" + flag.replace("_", "-") for flag, field in TRAIN_CONFIG_FLAGS.items()}
+    for field, value in flags.items():
+        if value is None or field not in overrides:
+            continue
+        text = overrides[field]
+        if hparams.parse_value(field, text, getattr(config.train, field)) != value:
+            flag = names.get(field, "--" + field.replace("_", "-"))
+            raise UsageError(
+                f"{flag} {value} and --hparams {field}={text} set {field} to different values; "
+                f"give it once, as {flag} or in --hparams (a tuning trial's extra "
+                f"--name=value arguments are --hparams).")
+
+
 def train_config(args):
     """The experiment and configuration ``train`` runs with these arguments
     (UsageError or ConfigError for values it refuses)."""
@@ -165,17 +187,21 @@ def describe_evaluation(evaluated):
     return ", ".join(parts)
 
 
+EXPORT_FILES = (("model.keras", "Keras 3 model, keras.saving.load_model(path)"),
+                ("model.h5", "Keras model, load_model(path, compile=False)"),
+                ("weights.h5", "weights only"),
+                ("saved_model", "SavedModel"))
+
+
 def print_export(export_dir):
     if export_dir:
-        # The keras3 engine writes Keras 3's own file, the others HDF5.
-        keras3 = io.join(export_dir, "model.keras")
-        if io.exists(keras3):
-            print(f"exported: {keras3}  (Keras 3 model, keras.saving.load_model(path))")
-        else:
-            print(f"exported: {io.join(export_dir, 'model.h5')}  (Keras model, "
-                  f"load_model(path, compile=False))")
-        print(f"          {io.join(export_dir, 'weights.h5')}  (weights only)")
-        print(f"          {io.join(export_dir, 'saved_model')}  (SavedModel)")
+        # The model files that are there: model.keras is the keras3 engine's
+        # alone, and a keras3 export of another version may lack model.h5.
+        found = [(name, what) for name, what in EXPORT_FILES
+                 if name in ("weights.h5", "saved_model") or io.exists(io.join(export_dir, name))]
+        for k, (name, what) in enumerate(found):
+            label = "exported:" if k == 0 else ""
+            print(f"{label:9} {io.join(export_dir, name)}  ({what})")
 
 
 def cmd_evaluate(args):

@@ -17,10 +17,12 @@ model hyperparameters), and may set ``loss``, ``best_metric`` and
       dropout: 0.4
 
 Precedence: the experiment's defaults < the config file < ``--hparams`` <
-flags. Every run writes its resolved configuration, and what the data said
-about itself, to ``MODEL_DIR/config.yaml``; a rerun on that model dir whose
-model or data settings differ is refused, naming the keys (training settings
-such as ``max_steps`` may change between runs).
+flags (a flag and ``--hparams`` that disagree are refused:
+:func:`experiments.commands.check_flags_agree`). Every run writes its
+resolved configuration, and what the data said about itself, to
+``MODEL_DIR/config.yaml``; a rerun on that model dir whose model or data
+settings differ is refused, naming the keys (training settings such as
+``max_steps`` may change between runs).
 """
 
 import dataclasses
@@ -28,7 +30,7 @@ import typing
 
 import yaml
 
-from estimator_keras import io
+from estimator_keras import checkpoints, io
 from estimator_keras.errors import ConfigError, ModelDirError, UsageError
 from experiments import hparams
 from experiments.config import DataConfig, TrainConfig
@@ -156,9 +158,10 @@ def differences(before, after):
 
 def changed_settings(model_dir, config, dataset_path, data):
     """``key: before -> after`` for each model or data setting this run
-    changes in a model dir that has checkpoints (empty otherwise)."""
+    changes in a model dir that has checkpoints of any engine (empty
+    otherwise)."""
     path = io.join(model_dir, RUN_CONFIG)
-    if not io.exists(path) or "checkpoint" not in io.listdir(model_dir):
+    if not io.exists(path) or checkpoints.any_checkpoint(model_dir) is None:
         return []
     try:
         before = yaml.safe_load(io.read_text(path)) or {}

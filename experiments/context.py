@@ -12,7 +12,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import engines, inputs, manifest, precision, records
+from estimator_keras import engines, inputs, manifest, model_inputs, precision, records
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config
 from estimator_keras.engines import base, optimizers
@@ -36,21 +36,65 @@ def task_log(info, message):
     say(f"[{info.task_name}] {message}" if info.is_distributed else message)
 
 
-def header_line(config, strategy_name, replicas, info, engine_name, how=None):
+def header_line(config, strategy_name, replicas, info, engine_name, how=None, runs_on=None):
     """The run's first line: experiment, strategy (``how`` it runs, where
-    that is not TensorFlow's), batch sizes and engine."""
+    that is not TensorFlow's), batch sizes and engine, with the backend and
+    devices it ``runs_on`` ("jax, cpu")."""
     train = config.train
+    engine = f"{engine_name} ({runs_on})" if runs_on else engine_name
     if strategy_name == "parameter_server":
         # Asynchronous updates: every worker step is one global step of
         # one batch, so examples/s = global steps/s x batch size, with no
         # replica factor (one would double-count).
         return (f"experiment {config.name}: strategy {strategy_name}, batch size "
                 f"{train.batch_size} per update, {info.num_workers} training "
-                f"task(s) updating asynchronously; engine {engine_name}")
+                f"task(s) updating asynchronously; engine {engine}")
     strategy = f"{strategy_name} ({how})" if how else strategy_name
     return (f"experiment {config.name}: strategy {strategy}, batch size "
             f"{train.batch_size} per replica, {train.batch_size * replicas} "
-            f"global ({replicas} replica(s)); engine {engine_name}")
+            f"global ({replicas} replica(s)); engine {engine}")
+
+
+def describe_devices(platform, count):
+    """How the header names ``count`` devices of ``platform``: "cpu", "gpu", "4 gpus"."""
+    return platform if count == 1 else f"{count} {platform}s"
+
+
+# Keras 3 convolution layers, by their public names.
+CONVOLUTIONS = ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose",
+                "Conv3DTranspose", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D",
+                "SeparableConv2D")
+# fashion_mnist_cnn on the keras3 engine on 2-core CPUs: 2.9 steps/s on JAX
+# against 23 on TensorFlow as a user measured it, and the keras table of
+# BENCHMARKS.md (seed_cnn keras3[jax] engine 4.25, keras3 engine 11.70).
+SLOW_JAX_CPU = (
+    "this model has convolution layers, and Keras 3's JAX backend runs convolutions on the "
+    "CPU several times slower than TensorFlow's: fashion_mnist_cnn trained at 2.9 steps/s on "
+    "JAX against 23 on TensorFlow on a 2-core CPU (about 8x; BENCHMARKS.md's keras table: 4.25 "
+    "against 11.70).")
+
+
+def _layers(layer):
+    for sub in getattr(layer, "layers", None) or ():
+        yield sub
+        yield from _layers(sub)
+
+
+def slow_backend_warning(backend, platform, model, processes=1):
+    """A warning for a backend known to be much slower on this hardware for
+    ``model``: JAX on the CPU for a model with convolutions; else None.
+    ``processes``: how many train together (Keras 3 trains several on JAX only)."""
+    if backend != "jax" or platform != "cpu":
+        return None
+    import keras  # pylint: disable=import-outside-toplevel  (Keras 3: the JAX backend's)
+    convolutions = tuple(getattr(keras.layers, name) for name in CONVOLUTIONS
+                         if hasattr(keras.layers, name))
+    if not any(isinstance(layer, convolutions) for layer in _layers(model)):
+        return None
+    if processes > 1:
+        return (f"warning: {SLOW_JAX_CPU} Train it in one process with KERAS_BACKEND=tensorflow, "
+                f"or as a cluster with --engine keras.")
+    return f"warning: {SLOW_JAX_CPU} Set KERAS_BACKEND=tensorflow to train it on TensorFlow."
 
 
 def engine_for(requested, model_dir):
@@ -105,9 +149,14 @@ def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, sh
     return train_fn, eval_fn
 
 
-def _refuse_input(feature, input_name, expected, spec, dataset_path):
+# Where an experiment maps record features to its model's inputs.
+FEATURES_HINT = ("data.features ({model input name: record feature}) in the experiment's "
+                 "DataConfig or a --config file")
+
+
+def _refuse_input(feature, target, expected, spec, dataset_path):
     raise SchemaError(
-        f"record feature {feature!r} does not fit model input {input_name!r}: the model "
+        f"record feature {feature!r} does not fit {target}: the model "
         f"expects {expected}, the records hold {spec.dtype} shape {list(spec.shape)} "
         f"({spec.encoding}) in {dataset_path}.")
 
@@ -119,22 +168,27 @@ def check_numeric_inputs(config, dataset_path):
     mapping = feature_map(schema, config.data.features, config.data.label)
     for input_name, feature in mapping.items():
         if schema[feature].encoding == "bytes":
-            _refuse_input(feature, input_name, "numbers (or images)", schema[feature],
-                          dataset_path)
+            _refuse_input(feature, f"model input {input_name!r}", "numbers (or images)",
+                          schema[feature], dataset_path)
 
 
 def check_inputs(model, config, dataset_path):
     """Fails before training when records do not fit the model's inputs,
-    with expected and found side by side."""
+    with expected and found side by side. A model of one input takes the
+    one feature whatever either is called; several inputs are matched to
+    the features by name."""
     schema = records.resolve(dataset_path, config.data.train_split, check_sizes=False).schema
     mapping = feature_map(schema, config.data.features, config.data.label)
-    inputs.check_feature_keys(model, mapping)
-    for input_name, tensor in zip(inputs.input_names(model), model.inputs):
-        spec = schema[mapping[input_name]]
+    bound = model_inputs.check_feature_keys(model, mapping, hint=FEATURES_HINT)
+    for input_name, tensor in zip(model_inputs.input_names(model), model.inputs):
+        feature = mapping[bound[input_name]]
+        spec = schema[feature]
         expected = tuple(tensor.shape[1:])
         if spec.encoding in ("bytes",) or tuple(spec.shape) != expected:
-            _refuse_input(mapping[input_name], input_name,
-                          f"shape {list(expected)} (numeric)", spec, dataset_path)
+            # Keras' own name for an unnamed Input would tell a reader nothing.
+            target = "the model's input" if len(bound) == 1 else f"model input {input_name!r}"
+            _refuse_input(feature, target, f"shape {list(expected)} (numeric)", spec,
+                          dataset_path)
     return schema, mapping
 
 
@@ -197,6 +251,9 @@ class RunContext:
               export_dir=None, tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS,
               flat_export=False, hypertune_metric=None):
         engine_name = engine_for(engine, model_dir)
+        # A strategy the engine never runs is refused before choose_strategy
+        # asks the cluster for what that strategy needs (ps tasks...).
+        engines.check_cluster(engine_name, strategy=strategy)
         # TF_CONFIG, or the processes an engine trains with outside TensorFlow.
         info, group = engines.cluster_info(engine_name)
         # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
@@ -215,8 +272,10 @@ class RunContext:
         # Only now: importing an engine loads Keras.
         engine_obj = engines.get_engine(engine_name)
         replicas = strategy_lib.num_replicas(distribute)
+        backend, platform, devices = engines.backend_devices(engine_obj.name)
         task_log(info, header_line(config, strategy_name, replicas, info, engine_obj.name,
-                                   getattr(distribute, "description", None)))
+                                   getattr(distribute, "description", None),
+                                   f"{backend}, {describe_devices(platform, devices)}"))
         dataset_path = ensure_data(config, data_dir, source_dir,
                                    is_chief=info.is_chief, num_workers=prepare_workers)
         check_numeric_inputs(config, dataset_path)
@@ -234,6 +293,9 @@ class RunContext:
         engines.check_model_keras(probe, engine_obj.name,
                                   source=f"experiment {config.name}'s model builder")
         check_inputs(probe, config, dataset_path)
+        slow = slow_backend_warning(backend, platform, probe, info.num_workers)
+        if slow and info.is_chief:
+            task_log(info, slow)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
                                       shard=getattr(distribute, "input_shard", None))
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,

@@ -98,8 +98,9 @@ def find(name, data_dir):
     # A path names the files to import, never the new dataset: that gets a name.
     is_path = "/" in str(name) or os.sep in str(name) or io.isdir(name)
     new_name = suggested_name(name)
+    hint = "" if is_path else registry.did_you_mean(name, prepared + registry.dataset_names())
     raise UsageError(
-        f"--dataset {name!r} is neither a dataset prepared in {data_dir} ({', '.join(prepared) or 'none'}), "
+        f"--dataset {name!r}{hint} is neither a dataset prepared in {data_dir} ({', '.join(prepared) or 'none'}), "
         f"nor a registered dataset ({', '.join(registry.dataset_names())}), nor a folder "
         f"holding a dataset.json. Prepare it first, e.g. `python -m experiments prepare images "
         f"--source-dir {shlex.quote(str(name)) if is_path else 'DIR'} --name {new_name} "

@@ -56,7 +56,13 @@ def did_you_mean(extra, *parsers):
     for arg in extra:
         name = arg.split("=", 1)[0]
         if name.startswith("--") and name not in flags:
-            close = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
-            if close and close[0] not in hints:
-                hints.append(close[0])
+            close = closest(name, flags)
+            if close and close not in hints:
+                hints.append(close)
     return f" (did you mean {' or '.join(hints)}?)" if hints else ""
+
+
+def closest(name, choices):
+    """The one of ``choices`` that a mistyped ``name`` is close to, or None."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.75)
+    return close[0] if close else None

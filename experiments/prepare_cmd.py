@@ -136,7 +136,9 @@ def run(args):
     compression = None if args.compression == "none" else "GZIP"
     if args.dataset not in prepare.IMPORTERS:
         if args.dataset not in registry.dataset_names():
-            raise UsageError(f"unknown dataset {args.dataset!r}; registered: "
+            hint = registry.did_you_mean(args.dataset,
+                                         registry.dataset_names() + list(prepare.IMPORTERS))
+            raise UsageError(f"unknown dataset {args.dataset!r}{hint}; registered: "
                              f"{', '.join(registry.dataset_names())}; or import your own "
                              f"files with prepare images, segmentation or tfrecords.")
         _refuse(args, _FOLDER_FLAGS + _TFRECORD_FLAGS, f"the registered dataset "

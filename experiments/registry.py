@@ -19,6 +19,7 @@ import dataclasses
 import typing
 
 from estimator_keras.errors import UsageError
+from experiments import parsing
 
 
 @dataclasses.dataclass
@@ -122,8 +123,14 @@ def dataset(name):
     return _lookup(_DATASETS, "dataset", name)
 
 
+def did_you_mean(name, names):
+    """`` (did you mean NAME?)`` when ``name`` is close to one of ``names``, else ""."""
+    close = parsing.closest(str(name), names)
+    return f" (did you mean {close}?)" if close else ""
+
+
 def _lookup(table, kind, name):
     if name not in table:
-        raise UsageError(f"unknown {kind} {name!r}; registered {kind}s: "
-                         f"{', '.join(sorted(table))}. See `python -m experiments list`.")
+        raise UsageError(f"unknown {kind} {name!r}{did_you_mean(name, table)}; registered "
+                         f"{kind}s: {', '.join(sorted(table))}. See `python -m experiments list`.")
     return table[name]

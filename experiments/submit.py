@@ -341,7 +341,7 @@ def _check_strategy(args) -> None:
     engines.check_cluster(engine, ps="--ps" if args.ps else None,
                           evaluator="--evaluator" if args.evaluator else None,
                           workers=f"--workers {args.workers}" if args.workers else None,
-                          environ=job_environ)
+                          strategy=args.strategy, environ=job_environ)
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")

@@ -270,7 +270,7 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
 def export(experiment, config, *, model_dir, data_dir=None, export_dir=None, force=False):
     """Exports the latest checkpoint of ``model_dir`` with the engine that
     continues it (see :func:`experiments.context.engine_for`), as ``train``
-    writes it: model.h5 or (keras3) model.keras, weights.h5, saved_model/,
+    writes it: model.h5 (and on keras3 model.keras), weights.h5, saved_model/,
     export.json. Returns (export dir,
     whether it was written): an export of that checkpoint whose export.json
     is at least as complete is left as it is, unless ``force``.

@@ -7,15 +7,13 @@ Each backend runs in a child interpreter: the backend is chosen when Keras is
 first imported. A backend that this environment lacks is skipped.
 """
 
-import importlib.metadata
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-from support import ROOT, child_env
+from support import KERAS3_BACKENDS, ROOT, child_env
 from test_your_data import readme_block
 
 # Tiny shapes: the point is that each builder builds, trains a step and
@@ -27,7 +25,7 @@ import tensorflow as tf
 import keras
 
 assert tf.keras is keras or tf.keras.Model is keras.Model, "tf.keras is not Keras 3 here"
-from estimator_keras import inputs
+from estimator_keras import model_inputs
 from experiments import catalog, models, registry
 from experiments.data_info import DataInfo
 
@@ -85,7 +83,7 @@ for name, (build, hparams, info, experiment) in cases.items():
     keras.utils.set_random_seed(0)
     model = build(hparams, info)
     # How the input pipeline's features are matched to the model's inputs.
-    inputs.check_feature_keys(model, [info.input_name])
+    model_inputs.check_feature_keys(model, [info.input_name])
     metrics = (registry.get(experiment).make_metrics(info) if experiment else ["accuracy"])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=metrics)
     shape = tuple(info.input_shape)
@@ -101,28 +99,9 @@ print(json.dumps(out))
 """
 
 
-def _version(*distributions):
-    for name in distributions:
-        try:
-            return tuple(int(p) for p in importlib.metadata.version(name).split(".")[:2])
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def _keras3_installed():
-    tf = _version("tensorflow", "tensorflow-cpu")
-    keras = _version("keras")
-    return bool(tf and keras and tf >= (2, 16) and keras >= (3, 0))
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+@pytest.mark.parametrize("backend", KERAS3_BACKENDS)
 def test_builders_train_a_batch_under_keras3(backend):
-    if not _keras3_installed():
-        pytest.skip("needs TensorFlow 2.16+ with Keras 3")
-    if backend == "jax" and importlib.util.find_spec("jax") is None:
-        pytest.skip("jax is not installed here")
     env = child_env(TF_USE_LEGACY_KERAS="0", KERAS_BACKEND=backend)
     proc = subprocess.run([sys.executable, "-c", CHILD, readme_block("my_experiments.py")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_keras import export as export_lib
-from estimator_keras import inputs, io, manifest, records
+from estimator_keras import inputs, io, manifest, model_inputs, records
 from estimator_keras.records import encode_example
 from estimator_keras import checkpoints
 from estimator_keras.engines import base, optimizers
@@ -252,8 +252,11 @@ def test_new_optimizer_is_replaced_by_legacy_explicitly(tmp_path, caplog):
 
 
 def test_feature_keys_must_match_model_inputs():
-    with pytest.raises(SchemaError, match=r"expected \['image'\].*missing \['image'\]"):
-        inputs.check_feature_keys(_build(), ["pixels"])
+    # One input takes the one feature by arity (tests/test_one_input_models.py);
+    # one input and two features is refused.
+    assert model_inputs.check_feature_keys(_build(), ["pixels"]) == {"image": "pixels"}
+    with pytest.raises(SchemaError, match=r"one input \('image'\).*\['id', 'pixels'\]"):
+        model_inputs.check_feature_keys(_build(), ["pixels", "id"])
 
 
 def test_two_input_model_trains_from_mapped_features(tmp_path):

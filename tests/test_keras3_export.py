@@ -157,6 +157,9 @@ _PLAIN_KERAS3 = NO_PACKAGE + textwrap.dedent("""
     test = np.load(os.path.join(out, "test.npy"))
     model = keras.saving.load_model(os.path.join(out, "export", "model.keras"))
     result = {"model_keras": model.predict(test.astype("float32"), verbose=0).tolist()}
+    # The line the other engines' exports document loads this one too.
+    h5 = tf.keras.models.load_model(os.path.join(out, "export", "model.h5"), compile=False)
+    result["model_h5"] = h5.predict(test.astype("float32"), verbose=0).tolist()
     served = tf.saved_model.load(os.path.join(out, "export", "saved_model"))
     result["signatures"] = sorted(served.signatures)
     raw = served.signatures["serving_default"](image=tf.constant(test, tf.float32))
@@ -178,7 +181,7 @@ def test_a_plain_keras3_process_loads_the_export_of_a_trained_model(pair, tmp_pa
     assert trained["accuracy"] > 0.3  # chance is 0.1: the model learned
     export = tmp_path / "export"
     assert sorted(p.name for p in export.iterdir()) == [
-        "export.json", "model.keras", "saved_model", "weights.h5"]
+        "export.json", "model.h5", "model.keras", "saved_model", "weights.h5"]
     info = json.loads((export / "export.json").read_text())
     assert info["global_step"] == 24 and info["backend"] == pair.split("-")[1]
     assert info["inputs"] == {"image": {"shape": [28, 28, 1], "dtype": "float32"}}
@@ -189,6 +192,7 @@ def test_a_plain_keras3_process_loads_the_export_of_a_trained_model(pair, tmp_pa
     preds = np.load(tmp_path / "preds.npy")
     assert preds.std() > 0.01  # a trained softmax, not a constant
     assert np.abs(np.array(loaded["model_keras"]) - preds).max() < 1e-5
+    assert np.abs(np.array(loaded["model_h5"]) - preds).max() < 1e-5
     assert loaded["signatures"] == ["serve_examples", "serving_default"]
     assert loaded["raw_keys"] == ["class_name", "probabilities"]
     assert np.abs(np.array(loaded["raw"]) - preds).max() < 1e-5

@@ -7,7 +7,7 @@
   TensorFlow 2.15+; on 2.16+ with Keras 2 from the ``tf-keras`` package):
   :mod:`estimator_keras.engines.keras`.
 - ``keras3``: ``Model.fit`` of Keras 3 (TensorFlow 2.16+), on the backend that
-  ``KERAS_BACKEND`` names (tensorflow, jax, torch):
+  ``KERAS_BACKEND`` names (tensorflow or jax):
   :mod:`estimator_keras.engines.keras3`.
 
 Each implements :class:`estimator_keras.engines.base.Engine` and reads the same
@@ -30,9 +30,9 @@ import importlib.util
 import os
 
 from estimator_keras.engines.keras_setup import (  # noqa: F401  (this module's API)
-    BACKEND_VARIABLE, LEGACY_KERAS_VARIABLE, check_backend, check_model_keras, keras_backend,
-    prefer_legacy_keras)
-from estimator_keras.engines import keras_setup
+    BACKEND_VARIABLE, LEGACY_KERAS_VARIABLE, backend_devices, check_backend, check_model_keras,
+    keras_backend, prefer_legacy_keras)
+from estimator_keras.engines import keras3_checkpoints, keras_setup
 from estimator_keras.errors import ConfigError
 
 
@@ -131,8 +131,8 @@ ENGINES = tuple(REGISTRY)
 CHOICES = ("auto",) + ENGINES
 AUTO_RULE = "estimator where available, else keras where tf-keras is, else keras3"
 
-# The keras3 engine's checkpoint index in a model dir (estimator_keras.engines.keras3_checkpoints).
-KERAS3_INDEX = "keras3-checkpoints.json"
+# The keras3 engine's checkpoint index in a model dir.
+KERAS3_INDEX = keras3_checkpoints.INDEX
 
 
 def statuses():
@@ -150,10 +150,10 @@ def describe():
 
 
 def _keras3_model_dir(model_dir):
-    """True when a local ``model_dir`` holds keras3 checkpoints (gs:// dirs
-    would need TensorFlow to look: they count as not)."""
-    return bool(model_dir) and "://" not in str(model_dir) and os.path.isfile(
-        os.path.join(str(model_dir), KERAS3_INDEX))
+    """True when the keras3 engine has checkpointed in a local ``model_dir``
+    (gs:// dirs would need TensorFlow to look: they count as not)."""
+    return bool(model_dir) and "://" not in str(model_dir) and keras3_checkpoints.present(
+        model_dir)
 
 
 def auto_from_metadata(environ=os.environ, model_dir=None):
@@ -295,9 +295,12 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None,
             + (f", or use --engine {others[0]}{REGISTRY[others[0]].cluster.where}."
                if others else "."))
     if strategy and strategy != "auto" and strategy not in spec.strategies:
+        runs_it = [name for name, entry in REGISTRY.items() if strategy in entry.cluster.strategies]
         raise ConfigError(
             f"the {engine} engine {spec.how}: it cannot train with --strategy {strategy}; "
-            f"use one of {', '.join(('auto',) + spec.strategies)}.")
+            f"use one of {', '.join(('auto',) + spec.strategies)}"
+            + (f", or --engine {runs_it[0]}{REGISTRY[runs_it[0]].cluster.where}, which trains "
+               f"with it." if runs_it else "."))
     if spec.check is not None:
         spec.check(workers, strategy, environ)
 
@@ -348,14 +351,8 @@ def auto_for_model_dir(model_dir):
         return "auto"
     runnable = {name for name, ok, _ in statuses() if ok}
     major = keras_major_version()
-    if _keras3_model_dir(model_dir):
-        writer = "keras3"
-    else:
-        # pylint: disable=import-outside-toplevel  (TensorFlow, after prepare_keras)
-        import tensorflow as tf
-        from estimator_keras import checkpoints
-        latest = tf.train.latest_checkpoint(str(model_dir))
-        writer = checkpoints.checkpoint_engine(latest) if latest else None
+    from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
+    writer = checkpoints.engine_of(model_dir)
     if writer in runnable and REGISTRY[writer].keras == major:
         return writer
     return "auto"

@@ -17,12 +17,13 @@ Example::
 """
 
 import functools
+import inspect
 import logging
 import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, export, io, memory, summaries
+from estimator_keras import checkpoints, export, io, memory, model_inputs, summaries
 from estimator_keras.engines import base, optimizers
 from estimator_keras.errors import DataError, UsageError
 
@@ -419,6 +420,29 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     return base.plain_metrics(result[0])
 
 
+# The arguments an Estimator passes an input_fn, each only where it names it.
+INPUT_FN_ARGS = ("params", "mode", "config", "input_context")
+
+
+def model_input_fn(model, input_fn):
+    """``input_fn`` with its features as ``model`` takes them: for a model
+    of one input, the one feature's tensor whatever the input is named
+    (``model_to_estimator`` matches a dict to the model's input names, and
+    Keras names an unnamed Input itself); otherwise ``input_fn`` itself.
+    The wrapper names the arguments ``input_fn`` names, as the Estimator
+    passes only those."""
+    if input_fn is None or model_inputs.one_input_feed(model) is None:
+        return input_fn
+    wanted = [a for a in INPUT_FN_ARGS if a in inspect.signature(input_fn).parameters]
+
+    def fed(params=None, mode=None, config=None, input_context=None):
+        given = {"params": params, "mode": mode, "config": config,
+                 "input_context": input_context}
+        return model_inputs.as_model_inputs(model, input_fn(**{a: given[a] for a in wanted}))
+
+    return fed
+
+
 def compile_for_estimator(plan):
     """The plan's model compiled with the legacy Keras optimizers."""
     model = plan.build_model()
@@ -433,8 +457,12 @@ class EstimatorEngine(base.TFCheckpointEngine):
     name = "estimator"
 
     def _estimator(self, plan, **run_config_kwargs):
-        return to_estimator(compile_for_estimator(plan),
-                            config=run_config(plan.model_dir, **run_config_kwargs))
+        """(the Estimator, the plan's train input_fn, its eval input_fn), the
+        input_fns serving features as the model takes them."""
+        model = compile_for_estimator(plan)
+        estimator = to_estimator(model, config=run_config(plan.model_dir, **run_config_kwargs))
+        return (estimator, model_input_fn(model, plan.train_data),
+                model_input_fn(model, plan.eval_data))
 
     def prepare(self, plan, is_chief):
         if not is_chief:
@@ -447,7 +475,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
         # where early stopping reads them.
         elsewhere = bool(plan.summary_dir) and (
             plan.summary_dir.rstrip("/") != plan.model_dir.rstrip("/"))
-        estimator = self._estimator(
+        estimator, train_fn, eval_fn = self._estimator(
             plan, save_checkpoints_steps=plan.eval_every_steps,
             keep_checkpoint_max=plan.keep_checkpoint_max,
             log_every_steps=plan.log_every_steps, train_distribute=plan.strategy,
@@ -469,7 +497,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
                                          plan.eval_every_steps))
             exporters.insert(0, SummaryExporter(io.join(plan.summary_dir, "eval")))
         metrics = train_and_evaluate(
-            estimator, plan.train_data, plan.eval_data, max_steps=plan.max_steps,
+            estimator, train_fn, eval_fn, max_steps=plan.max_steps,
             eval_every_steps=plan.eval_every_steps, eval_steps=plan.eval_steps,
             batch_size=plan.batch_size, replicas=plan.replicas,
             log_every_steps=plan.log_every_steps, early_stopping=plan.early_stopping,
@@ -481,8 +509,8 @@ class EstimatorEngine(base.TFCheckpointEngine):
 
     def evaluate(self, plan, checkpoint):
         self.check_can_restore(checkpoint)
-        estimator = self._estimator(plan)
-        return base.plain_metrics(estimator.evaluate(plan.eval_data, steps=plan.eval_steps,
+        estimator, _, eval_fn = self._estimator(plan)
+        return base.plain_metrics(estimator.evaluate(eval_fn, steps=plan.eval_steps,
                                                      checkpoint_path=checkpoint))
 
     def check_can_restore(self, checkpoint):

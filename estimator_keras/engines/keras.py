@@ -39,7 +39,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, io, memory, summaries
+from estimator_keras import checkpoints, engines, io, memory, model_inputs, summaries
 from estimator_keras.engines import base, optimizers, preemption
 from estimator_keras.errors import UsageError
 
@@ -299,15 +299,18 @@ def _fit(plan, build_compiled_model):
         float(strategy.reduce(tf.distribute.ReduceOp.SUM,
                               strategy.run(lambda: tf.constant(0.0)), axis=None))
 
-    train_data = (plan.train_data(input_context=None) if plan.strategy is None else
-                  strategy.distribute_datasets_from_function(
-                      lambda ctx: plan.train_data(input_context=ctx)))
+    # A model of one input takes its tensor, whatever the input is named.
+    def train_dataset(ctx):
+        return model_inputs.as_model_inputs(model, plan.train_data(input_context=ctx))
+
+    train_data = (train_dataset(None) if plan.strategy is None else
+                  strategy.distribute_datasets_from_function(train_dataset))
     # Keras needs a step count for distributed datasets, and a worker's share
     # of a finite eval set is not known up front; handing Keras the plain
     # dataset lets it split each batch between replicas and end all of them
     # together. DATA sharding: every worker keeps its own batches of the
     # whole eval split, so nothing is counted twice or missed.
-    eval_data = plan.eval_data(input_context=None)
+    eval_data = model_inputs.as_model_inputs(model, plan.eval_data(input_context=None))
     if plan.strategy is not None:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = (
@@ -429,7 +432,8 @@ def evaluate_checkpoint(build_compiled_model, checkpoint, dataset, steps=None):
     model = build_compiled_model()
     checkpoints.check_compatible(model, checkpoint)
     tf.train.Checkpoint(root=model).restore(checkpoint).expect_partial()
-    values = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+    values = model.evaluate(model_inputs.as_model_inputs(model, dataset), steps=steps, verbose=0,
+                            return_dict=True)
     metrics = {k: float(v) for k, v in values.items()}
     metrics["global_step"] = checkpoints.checkpoint_step(checkpoint)
     return metrics

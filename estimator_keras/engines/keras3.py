@@ -44,7 +44,7 @@ import warnings
 
 import keras
 
-from estimator_keras import io, memory, summaries
+from estimator_keras import io, memory, model_inputs, summaries
 from estimator_keras.distribute.jax_processes import DataParallelProcesses
 from estimator_keras.engines import base, optimizers, preemption
 from estimator_keras.engines import keras3_checkpoints as ckpts
@@ -215,8 +215,8 @@ def compile_for_keras3(plan, steps_per_call=1):
 
 def _tf_checkpoint(model_dir):
     """The newest TensorFlow checkpoint (estimator or keras engine), or None."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return tf.train.latest_checkpoint(str(model_dir))
+    from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
+    return checkpoints.tf_checkpoint(model_dir)
 
 
 def checkpoint_step(checkpoint):
@@ -285,31 +285,11 @@ def _eval_data(plan, model):
 
 
 def _as_built(model, data):
-    """``data`` with its features as ``model`` was built to take them.
-
-    The pipeline's features are a dict keyed by input name. A model of
-    several inputs takes that dict as it is; a model of one ``Input`` built
-    as ``Model(inputs, outputs)`` (every built-in builder) takes the dict
-    too, but Keras 3 warns at each trace that its structure does not match
-    the model's. Such a model gets its one tensor; anything else passes
-    unchanged, so Keras names what does not fit."""
-    spec = getattr(data, "element_spec", None)  # None: not a tf.data.Dataset
-    features = spec[0] if isinstance(spec, tuple) else spec
-    try:
-        single = model.input
-    except (AttributeError, ValueError):  # a subclassed model has no input until called
-        return data
-    if not (isinstance(single, keras.KerasTensor) and isinstance(features, dict)
-            and single.name in features):
-        return data
-    name = single.name
-
-    def pick(*element):
-        if len(element) == 1:
-            return element[0][name]
-        return (element[0][name],) + element[1:]
-
-    return data.map(pick)
+    """``data`` with its features as ``model`` takes them: a model of one
+    input, functional or Sequential, gets the one feature's tensor whatever
+    its input is named; a model of several inputs gets the dict (see
+    :func:`estimator_keras.model_inputs.as_model_inputs`)."""
+    return model_inputs.as_model_inputs(model, data)
 
 
 @contextlib.contextmanager
@@ -445,17 +425,16 @@ class Keras3Engine(base.Engine):
     def check_compatible(self, model, checkpoint):
         """Raises ModelDirError when ``checkpoint`` (keras3's, or another
         engine's TF checkpoint) does not fit ``model``: an uncompiled Keras 3
-        model such as the runner's probe. A keras3 checkpoint is loaded into
-        it (Keras 3 checks each weight as it loads); a TF checkpoint is
-        compared by structure, nothing assigned."""
+        model such as the runner's probe. Either is compared with the model
+        by each weight's name and shape, nothing assigned."""
         if ckpts.is_checkpoint(checkpoint):
-            ckpts.restore(model, checkpoint)
+            ckpts.check_fits(model, checkpoint)
         else:
             from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
             keras3_migration.check_tf_checkpoint(model, checkpoint)
 
     def export(self, model_builder, model_dir, *, checkpoint, **options):
-        """model.keras, weights.h5, saved_model/ and export.json of a keras3
+        """model.keras, model.h5, weights.h5, saved_model/ and export.json of a keras3
         checkpoint (:mod:`estimator_keras.keras3_export`), or of another
         engine's TF checkpoint in a model dir not yet trained on here."""
         # pylint: disable=import-outside-toplevel  (they import TensorFlow)

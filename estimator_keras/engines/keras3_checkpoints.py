@@ -12,8 +12,9 @@ weights file is written under a temporary name and renamed, then the index
 is replaced atomically, and only then are the checkpoints past ``keep``
 deleted: a crash at any point leaves an index that names whole files.
 
-This module imports Keras only to save and restore: a runner can ask for the
-latest checkpoint and its step without loading a backend.
+This module imports Keras only to save, restore and compare with a model: a
+runner can ask for the latest checkpoint and its step, and a launcher whether
+a model dir holds any (:func:`find`), without loading a backend.
 
 Example::
 
@@ -31,7 +32,7 @@ import textwrap
 import uuid
 
 from estimator_keras import io
-from estimator_keras.errors import ModelDirError
+from estimator_keras.errors import CheckpointMismatchError, ModelDirError
 from estimator_keras.modeldir import pid_alive
 
 INDEX = "keras3-checkpoints.json"
@@ -77,6 +78,29 @@ def _read_index(model_dir):
             raise ModelDirError(f"{path} names {name!r}, which is not a checkpoint "
                                 f"(ckpt-<step>{SUFFIX}).")
     return {"latest": latest, "all": names}
+
+
+def find(model_dir):
+    """The newest checkpoint in ``model_dir``, or None; what the keras3
+    engine has left there even when the index is damaged or missing (then
+    the highest step among the files' names). For the guarantees that ask
+    whether a model dir holds keras3 checkpoints, not for resuming (see
+    :func:`latest`)."""
+    model_dir = str(model_dir)
+    try:
+        index = _read_index(model_dir)
+    except ModelDirError:
+        index = None
+    if index and io.exists(io.join(model_dir, index["latest"])):
+        return io.join(model_dir, index["latest"])
+    names = [n for n in (io.listdir(model_dir) if io.isdir(model_dir) else []) if _NAME.match(n)]
+    return io.join(model_dir, max(names, key=step_of)) if names else None
+
+
+def present(model_dir):
+    """Whether the keras3 engine has checkpointed in ``model_dir``: its index
+    or a checkpoint file is there."""
+    return io.exists(io.join(str(model_dir), INDEX)) or find(model_dir) is not None
 
 
 def all_checkpoints(model_dir):
@@ -160,6 +184,9 @@ def restore(model, path):
     try:
         model.load_weights(str(path))
     except (ValueError, KeyError) as e:
+        # Name the weights that differ; Keras' own words only for what
+        # names and shapes do not explain.
+        check_fits(model, path)
         raise ModelDirError(
             f"checkpoint {path} does not fit this model's architecture (a model dir of another "
             f"model?); refusing to restore it. Keras says: {_short(e)} Use a fresh --model-dir "
@@ -171,6 +198,53 @@ def restore(model, path):
             f"{int(optimizer.iterations.numpy())}, not {step}. Was the optimizer changed? Train "
             f"with the optimizer it was written with, or start a fresh --model-dir.")
     return step
+
+
+def check_fits(model, path):
+    """Raises ModelDirError (:class:`~estimator_keras.errors.CheckpointMismatchError`)
+    naming each weight of ``model`` that the checkpoint ``path`` lacks or
+    holds in another shape, and each it holds that the model lacks; reads
+    names and shapes only, assigns nothing. The optimizer's state is not
+    compared (an uncompiled model has none)."""
+    have = _weights_in(path)
+    folder = tempfile.mkdtemp(prefix="estimator-keras-fit-")
+    try:
+        probe = os.path.join(folder, name_of(0))
+        model.save_weights(probe)
+        wanted = _weights_in(probe)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    mismatched = [f"{key} ({wanted[key][1]}): model {wanted[key][0]}, checkpoint {have[key][0]}"
+                  for key in sorted(wanted) if key in have and have[key][0] != wanted[key][0]]
+    missing = [f"{key} ({wanted[key][1]})" for key in sorted(wanted) if key not in have]
+    unexpected = [f"{key} ({have[key][1]})" for key in sorted(have) if key not in wanted]
+    if mismatched or missing or unexpected:
+        raise CheckpointMismatchError(path, mismatched, missing, unexpected)
+
+
+def _weights_in(path):
+    """{name: (shape, "layer 'L'")} of the model weights in a Keras 3
+    weights file (``layers/dense/vars/0``: Keras names a layer's group by its
+    class, the layer's own name is an attribute); the optimizer's are left
+    out. Read with h5py, which Keras 3 writes these files with."""
+    import h5py  # pylint: disable=import-outside-toplevel  (a dependency of Keras 3)
+
+    found = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/"):
+            layer = obj.parent.attrs.get("name")
+            if isinstance(layer, bytes):
+                layer = layer.decode()
+            found[name] = (tuple(obj.shape), f"layer {layer!r}" if layer else "the model's own")
+
+    try:
+        with io.open_file(path, "rb") as handle, h5py.File(handle, "r") as weights:
+            weights.visititems(visit)
+    except OSError as e:
+        raise ModelDirError(f"cannot read checkpoint {path} as a Keras 3 weights file ({e}); "
+                            f"restore it from a backup, or train in a fresh --model-dir.") from e
+    return found
 
 
 def _short(error):

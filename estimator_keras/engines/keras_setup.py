@@ -7,7 +7,8 @@ Keras 3 (the ``keras`` package, on the backend that ``KERAS_BACKEND`` or
 the keras3 engine Keras 3; the same builder (``tf.keras``) serves all three,
 so the choice must be made before TensorFlow or Keras is imported. Everything
 here decides from the environment and package metadata, without importing
-TensorFlow, Keras or JAX, except where they are already imported.
+TensorFlow, Keras or JAX, except where they are already imported and in
+:func:`backend_devices`, which asks the backend once the engine runs.
 """
 
 import collections.abc
@@ -24,17 +25,20 @@ BACKEND_VARIABLE = "KERAS_BACKEND"
 # What TensorFlow's lazy tf.keras loader takes for "use tf-keras".
 _TRUE_VALUES = ("true", "True", "1")
 
-# The Keras 3 backends the keras3 engine trains on: the module that must be
-# importable, and how to install it.
+# The Keras 3 backends the keras3 engine trains on: the modules that must be
+# importable, and how to install them (the package is installed from its
+# checkout, not from an index).
 TRAINING_BACKENDS = {
-    "tensorflow": (("tensorflow",), "`pip install -e '.[cpu]'` (or '.[gpu]') in a checkout "
-                                    "of estimator-keras"),
-    "jax": (("jax", "jaxlib"), "`pip install -e '.[jax]'` in a checkout of estimator-keras "
-                               "(`pip install 'estimator-keras[jax]'` otherwise)"),
-    "torch": (("torch",), "`pip install torch` (pytorch.org lists its CPU and CUDA wheels)"),
+    "tensorflow": (("tensorflow",), "`pip install -e '.[cpu]'` (or '.[gpu]') in the folder of "
+                                    "your estimator-keras checkout"),
+    "jax": (("jax", "jaxlib"), "`pip install -e '.[jax]'` in the folder of your estimator-keras "
+                               "checkout"),
 }
 # Keras 3 backends that run inference only: Model.fit does not exist there.
 INFERENCE_BACKENDS = ("numpy", "openvino")
+# Keras 3 backends that train, but not with this package: no engine feeds
+# them, and nothing here is tested on them.
+UNSUPPORTED_BACKENDS = ("torch",)
 
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
                             "tensorflow-intel", "tensorflow-macos")
@@ -143,6 +147,11 @@ def check_backend(environ=os.environ):
             f"{origin} names a Keras 3 backend that only runs inference ({backend} has no "
             f"Model.fit), so the keras3 engine cannot train on it. Set {BACKEND_VARIABLE} to "
             f"one of {', '.join(TRAINING_BACKENDS)}.")
+    if backend in UNSUPPORTED_BACKENDS:
+        raise ConfigError(
+            f"{origin} names Keras 3's {backend} backend, which estimator-keras does not "
+            f"support: the keras3 engine trains on {' or '.join(TRAINING_BACKENDS)} only. Set "
+            f"{BACKEND_VARIABLE}=tensorflow (the default) or {BACKEND_VARIABLE}=jax.")
     if backend not in TRAINING_BACKENDS:
         raise ConfigError(
             f"{origin} is not a Keras 3 backend the keras3 engine can train on; expected one "
@@ -166,6 +175,28 @@ def check_backend(environ=os.environ):
                 f"for {backend}: {BACKEND_VARIABLE} must be set before keras (or tf.keras) "
                 f"is first imported.")
     return backend
+
+
+def backend_devices(engine_name):
+    """(backend, platform, count): what ``engine_name`` computes with, and
+    this process's devices as that backend sees them ("cpu", "gpu" or
+    "tpu"). Imports the backend: call it once the engine's Keras is
+    imported (and a JAX process group joined)."""
+    # pylint: disable=import-outside-toplevel  (see the module docstring)
+    backend = "tensorflow"
+    if engine_name == "keras3":
+        import keras
+        backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+        devices = jax.local_devices()
+        return backend, devices[0].platform, len(devices)
+    import tensorflow as tf
+    for platform in ("TPU", "GPU"):
+        found = tf.config.list_physical_devices(platform)
+        if found:
+            return backend, platform.lower(), len(found)
+    return backend, "cpu", 1
 
 
 def no_keras3_message(tf_version=None, engine="keras3"):
