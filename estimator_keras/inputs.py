@@ -494,7 +494,7 @@ def served_example_bytes(schema, mapping, label=None, record_bytes=None):
 def autotune_options(config, resolved, mapping, batch_size):
     """``tf.data.Options`` bounding the memory of autotuned buffers: the
     config's ``autotune_ram_mb``, else AUTOTUNE_RAM_BATCHES served batches
-    (at least AUTOTUNE_RAM_FLOOR_MB)."""
+    (at least AUTOTUNE_RAM_FLOOR_MB); without tf.data's autotuning thread."""
     if config.autotune_ram_mb is not None:
         budget = float(config.autotune_ram_mb) * 2 ** 20
     else:
@@ -502,6 +502,14 @@ def autotune_options(config, resolved, mapping, batch_size):
                                                        _record_bytes(resolved))
         budget = max(AUTOTUNE_RAM_FLOOR_MB * 2 ** 20, AUTOTUNE_RAM_BATCHES * batch)
     options = tf.data.Options()
+    # Deleting an iterator cancels its autotuning thread, which can wake
+    # before the cancellation shows and sleep out its period (up to 60 s
+    # for an iterator that ran a few minutes); Keras' training iterator is
+    # often deleted as the interpreter exits, which then waits that long
+    # after a run's last line (tests/test_exit.py). Without the thread,
+    # AUTOTUNE parallelism is one call per core (at most 16) and the
+    # prefetch buffer still grows on demand, within ram_budget.
+    options.autotune.enabled = False
     options.autotune.ram_budget = int(budget)
     return options
 
