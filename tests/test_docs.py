@@ -3,21 +3,23 @@
 - The README stays a short front page; CI runs its test command as written.
 - Every ```bash and ```python block of README.md and docs/**/*.md is run here
   (a page's blocks in order, in a fresh project folder), or the line before it
-  says what runs it (`<!-- run by: tests/test_x.py::test_y -->`, checked: the
-  test exists and uses the block's commands and flags) or why it cannot run
-  here (`<!-- not run: REASON -->`).
-- Outputs (```text blocks) are compared with a real run
-  (`<!-- checked: output of the block above -->`, `<!-- checked: transcript -->`)
-  or carry the version that made them in their title.
+  says what runs it (`<!-- run by: tests/test_x.py::test_y -->`: that test
+  runs each of the block's commands, checked against the test's source below;
+  or `<!-- run by: docs/PAGE.md -->`: that page's run does) or why it cannot
+  run here (`<!-- not run: REASON -->`).
+- Every output (```text block) is compared with a real run: of the page
+  (`<!-- checked: output of the block above -->`, `<!-- checked: transcript
+  -->`) or of the test that shows it (`<!-- checked by: tests/...::test_y -->`);
+  how, in tests/docs_pages.py.
 - The case counts of "What survives what" are the tests' own constants.
 - `mkdocs build --strict` passes: no broken link, no missing page, no
   unresolved API reference.
 """
 
 import ast
-import collections
-import glob
+import contextlib
 import importlib
+import io
 import os
 import re
 import shlex
@@ -27,66 +29,24 @@ import sys
 import pytest
 
 import estimator_keras
+from docs_pages import (BLOCKS, DOC_PATHS, README_PATH, STEPS, Block, Setup, check_of,
+                        compared_here, docs_engine, mismatch, page_steps, where)
 from support import FASHION, ROOT, child_env
 
-README_PATH = os.path.join(ROOT, "README.md")
 README = open(README_PATH, encoding="utf-8").read()
 CI = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
-DOC_PATHS = [README_PATH] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
-                                             recursive=True))
 MAX_README_LINES = 250
 
 RUNNABLE = {"bash", "sh", "shell", "console", "python", "py", "pycon"}
 EXECUTED = {"bash", "python"}  # what an unmarked block may be
-VERSIONED = re.compile(r"estimator[-_ ]keras[- ](\d+\.\d+\.\d+)")
-FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})(?P<lang>[\w-]*)(?P<attrs>.*)$")
-COMMENT = re.compile(r"^ *<!-- (?P<kind>[\w ]+):\s*(?P<text>.*?)\s*-->$")
-TITLE = re.compile(r'title="([^"]*)"')
 FILE_TITLE = re.compile(r"^[\w][\w.-]*(/[\w][\w.-]*)*\.\w+$")
-
-Block = collections.namedtuple("Block", "path line lang title marker body")
-Setup = collections.namedtuple("Setup", "path line command")
 
 
 def _rel(path):
     return os.path.relpath(path, ROOT)
 
 
-def _page_steps(path):
-    """The blocks and `<!-- setup: ... -->` lines of one Markdown file, in order."""
-    lines = open(path, encoding="utf-8").read().split("\n")
-    steps, i = [], 0
-    while i < len(lines):
-        comment = COMMENT.match(lines[i])
-        if comment and comment.group("kind") == "setup":
-            steps.append(Setup(_rel(path), i + 1, comment.group("text")))
-        opening = FENCE.match(lines[i])
-        if not opening:
-            i += 1
-            continue
-        indent, fence = opening.group("indent"), opening.group("fence")
-        j = i + 1
-        while j < len(lines) and lines[j].strip() != fence:
-            j += 1
-        body = "\n".join(line[len(indent):] if line.startswith(indent) else line.lstrip()
-                         for line in lines[i + 1:j]) + "\n"
-        before = [line for line in lines[:i] if line.strip()]
-        marker = COMMENT.match(before[-1]) if before else None
-        title = TITLE.search(opening.group("attrs"))
-        steps.append(Block(_rel(path), i + 1, opening.group("lang"),
-                           title.group(1) if title else None,
-                           (marker.group("kind"), marker.group("text"))
-                           if marker and marker.group("kind") != "setup" else None, body))
-        i = j + 1
-    return steps
-
-
-STEPS = {_rel(p): _page_steps(p) for p in DOC_PATHS}
-BLOCKS = [s for steps in STEPS.values() for s in steps if isinstance(s, Block)]
-
-
-def _where(block):
-    return f"{block.path}:{block.line}"
+_where = where
 
 
 # ---------------------------------------------------------------------------
@@ -139,16 +99,7 @@ def test_readme_links_into_the_docs_resolve():
 
 
 # ---------------------------------------------------------------------------
-# Versions, placeholders, "What survives what"
-
-
-def test_sample_outputs_name_this_version():
-    found = {}
-    for path in DOC_PATHS:
-        for version in VERSIONED.findall(open(path, encoding="utf-8").read()):
-            found.setdefault(version, set()).add(_rel(path))
-    assert found, "no versioned sample output in README.md or docs/"
-    assert set(found) == {estimator_keras.__version__}, found
+# Placeholders, "What survives what"
 
 
 def test_no_placeholder_is_left():
@@ -183,7 +134,7 @@ def test_what_survives_what_counts_come_from_the_tests(test, cases):
 
 
 # ---------------------------------------------------------------------------
-# Every example is run or marked
+# Every example is run or marked, every output checked
 
 
 def _check_marker(block):
@@ -199,15 +150,17 @@ def _check_marker(block):
             return None if _run_by_targets(text) else "`run by:` names no target"
         return f"unknown marker {kind!r} (not run, run by, or none)"
     if block.lang == "text":
-        if kind == "checked":
-            return None if text in ("output of the block above", "transcript") else \
-                f"unknown check {text!r}"
-        if block.title and VERSIONED.search(block.title):
-            return None
-        return ("an output (```text) is neither checked nor titled with the version that "
-                'made it (title="estimator-keras X.Y.Z, ...")')
-    return f"marker {kind!r} on a ```{block.lang} block" if kind in ("run by", "checked") \
-        else None
+        if kind not in ("checked", "checked by"):
+            return ("an output (```text) that nothing compares with a real run: mark it "
+                    "`<!-- checked: output of the block above -->`, `<!-- checked: "
+                    "transcript -->` or `<!-- checked by: tests/test_x.py::test_y -->`")
+        try:
+            check_of(block)
+        except ValueError as e:
+            return str(e)
+        return None
+    return f"marker {kind!r} on a ```{block.lang} block" if kind in (
+        "run by", "checked", "checked by") else None
 
 
 def test_every_example_is_run_or_marked():
@@ -216,51 +169,202 @@ def test_every_example_is_run_or_marked():
     assert any(b.lang in EXECUTED and b.marker is None for b in BLOCKS)
 
 
+def test_an_output_with_only_a_version_label_is_refused(tmp_path):
+    page = tmp_path / "labelled.md"
+    page.write_text('# A page\n\n```text title="estimator-keras 0.3.0, TensorFlow 2.15.1"\n'
+                    "hi\n```\n", encoding="utf-8")
+    (block,) = page_steps(str(page))
+    assert "nothing compares" in _check_marker(block)
+
+
+def test_an_output_matches_line_by_line_with_elisions_and_numbers_that_vary():
+    real = "header\nstep 20/40, 5 s left\nnoise\nmore noise\ndone in 1 min 2 s\n"
+    assert mismatch("header\n...\ndone in 1 min 2 s\n", real) is None
+    assert mismatch("header\nstep 200/6000, 1 min 3 s left\n...\ndone in 9 s\n", real,
+                    numbers_vary=True) is None
+    # Numbers are exact unless they may vary; words, lines and their order never may.
+    assert mismatch("header\nstep 200/6000, 1 min 3 s left\n...\n", real) is not None
+    assert mismatch("header\nstage 20/40, 5 s left\n...\n", real, numbers_vary=True)
+    assert mismatch("...\nnoise\nheader\n...\n", real) is not None
+    assert mismatch("header\nstep 20/40, 5 s left\n", real) is not None  # lines left over
+    assert mismatch("header\n...\nmissing\n...\n", real) is not None
+
+
 def _run_by_targets(text):
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _function_strings(name, functions, constants, seen):
-    """String constants of the module-level function ``name`` and of what it
-    draws on: the fixtures it takes, the module's functions it calls and the
-    module-level constants it names (``functions``: name -> FunctionDef,
-    ``constants``: name -> the strings of its assignment)."""
-    if name in seen:
-        return set()
+def _module_names(path):
+    """A test file's module-level functions (FunctionDef by name), the
+    literal strings, tuples and lists it assigns to names (name -> the string
+    or the list of values), and its command helpers: functions ``f(*args)`` that run ``python -m
+    experiments WORDS... *args`` (name -> WORDS)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    functions, sequences, helpers = {}, {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            functions[node.name] = node
+            prefix = _helper_prefix(node)
+            if prefix is not None:
+                helpers[node.name] = prefix
+        elif isinstance(node, ast.Assign):
+            if isinstance(node.value, (ast.Tuple, ast.List)):
+                value = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+                if len(value) != len(node.value.elts):
+                    continue
+            elif isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                value = node.value.value
+            else:
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    sequences[target.id] = value
+    return functions, sequences, helpers
+
+
+def _is_rest(element, vararg):
+    """``*ARGS`` or ``*map(str, ARGS)`` of the function's ``*ARGS``."""
+    if not isinstance(element, ast.Starred):
+        return False
+    value = element.value
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
+            value.func.id == "map" and len(value.args) == 2:
+        value = value.args[1]
+    return isinstance(value, ast.Name) and value.id == vararg
+
+
+def _helper_prefix(function):
+    """The command words a ``def f(*args)`` puts before its arguments, or None."""
+    vararg = function.args.vararg.arg if function.args.vararg else None
+    if vararg is None:
+        return None
+    for item in ast.walk(function):
+        elements = item.args if isinstance(item, ast.Call) else \
+            item.elts if isinstance(item, (ast.List, ast.Tuple)) else []
+        rest = [k for k, e in enumerate(elements) if _is_rest(e, vararg)]
+        if not rest:
+            continue
+        words = _argv_of(elements[:rest[0]], {}) or []
+        if "experiments" in words:
+            words = words[words.index("experiments") + 1:]
+        if words and words[0] in CLI_COMMANDS:
+            return words
+    return None
+
+
+def _reached(name, functions, seen):
+    """The function ``name`` and the module functions and fixtures it draws
+    on (its parameters, the names it uses), each once."""
+    if name in seen or name not in functions:
+        return
     seen.add(name)
-    if name in constants:
-        return constants[name]
-    node = functions.get(name)
-    if node is None:
-        return set()
-    found = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)
-             and isinstance(n.value, str)}
-    used = [arg.arg for arg in node.args.args]
-    used += [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+    node = functions[name]
+    yield node
+    used = [arg.arg for arg in node.args.args] + [n.id for n in ast.walk(node)
+                                                  if isinstance(n, ast.Name)]
     for other in used:
-        found |= _function_strings(other, functions, constants, seen)
+        yield from _reached(other, functions, seen)
+
+
+# A value a test computes (a temporary path, a count): see _same_command.
+COMPUTED = "\x00computed"
+CLI_COMMANDS = ("list", "show", "prepare", "inspect", "train", "evaluate", "export", "cluster",
+                "submit", "tune")
+
+
+def _argv_of(elements, sequences):
+    """The words of a call's arguments or a list's items: literals as
+    strings, the name of a literal module-level string as that string,
+    ``*NAME`` of a literal module-level sequence spelt out, anything else
+    COMPUTED. None when a ``*`` item cannot be spelt out."""
+    words = []
+    for element in elements:
+        if isinstance(element, ast.Constant) and isinstance(element.value, (str, int, float)):
+            words.append(str(element.value))
+        elif isinstance(element, ast.Name) and isinstance(sequences.get(element.id), str):
+            words.append(sequences[element.id])
+        elif isinstance(element, ast.Starred):
+            name = element.value.id if isinstance(element.value, ast.Name) else None
+            if not isinstance(sequences.get(name), list):
+                return None
+            words += [str(v) for v in sequences[name]]
+        else:
+            words.append(COMPUTED)
+    return words
+
+
+def _test_commands(nodes, sequences, helpers):
+    """Every ``python -m experiments`` command line the test functions
+    ``nodes`` spell: the arguments of a call that start with a command
+    (``cli("train", ...)``) or of a command helper (``prepare("images",
+    ...)``), or what follows ``"-m", "experiments"`` in a call or a list."""
+    found = []
+    for node in nodes:
+        for item in ast.walk(node):
+            elements = item.args if isinstance(item, ast.Call) else \
+                item.elts if isinstance(item, (ast.List, ast.Tuple)) else None
+            words = _argv_of(elements or [], sequences)
+            if not words:
+                continue
+            name = item.func.id if isinstance(item, ast.Call) and isinstance(
+                item.func, ast.Name) else None
+            if name in helpers:
+                found.append(helpers[name] + words)
+                continue
+            for k in range(len(words) - 1):
+                if words[k:k + 2] == ["-m", "experiments"]:
+                    found.append(words[k + 2:])
+                    break
+            else:
+                first = next((w for w in words if w not in ("--verbose",)), None)
+                if first in CLI_COMMANDS or first == "--module":
+                    found.append(words)
     return found
 
 
-def _constants(path):
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            strings = {n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant)
-                       and isinstance(n.value, str)}
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    out[target.id] = strings
-    return out
+def _parsed(argv):
+    """What the CLI's parser makes of ``argv``: {dest: value} with --module
+    given before and after the command merged and the words it leaves to the
+    command (a cluster's task flags) under "extra"; None where it refuses."""
+    from experiments import cli  # pylint: disable=import-outside-toplevel
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args, extra = cli.build_parser().parse_known_args(argv)
+    except SystemExit:
+        return None
+    found = dict(vars(args))
+    found["modules"] = list(found.get("modules") or []) + list(
+        found.pop("modules_after", None) or [])
+    found["extra"] = extra
+    return found
 
 
-def _functions(*paths):
-    out = {}
-    for path in paths:
-        tree = ast.parse(open(path, encoding="utf-8").read())
-        out.update({n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)})
-    return out
+# The only ways a test's command may differ from the docs': it trains fewer
+# steps (or evaluates at other steps), and it reads and writes its own
+# temporary paths. Every other flag and value, and the command, must be the same.
+STEP_DESTS = ("max_steps", "eval_every")
+PATH_DESTS = ("model_dir", "data_dir", "source_dir", "source", "test_source", "log_dir",
+              "export_dir", "space", "config", "path")
+
+
+def _same_command(shown, ran, substitutions=True):
+    """Whether the test's command ``ran`` runs the docs' ``shown`` (both argv
+    lists after ``python -m experiments``): parsed alike, but for the
+    substitutions above."""
+    want = _parsed(shown)
+    got = _parsed([w if w != COMPUTED else "computed-path" for w in ran])
+    if want is None or got is None:
+        return False
+    for dest in set(want) | set(got):
+        a, b = want.get(dest), got.get(dest)
+        if a == b:
+            continue
+        if substitutions and dest in STEP_DESTS and b is not None:
+            continue
+        if substitutions and dest in PATH_DESTS and b is not None:
+            continue
+        return False
+    return True
 
 
 def _commands(body):
@@ -279,16 +383,16 @@ def _commands(body):
                 yield rest[:end]
 
 
-def _tokens(args):
-    """The words of a command that a test running it must spell: flags, the
-    command, and the experiment or dataset name right after it."""
-    rest = list(args)
-    while rest and rest[0] in ("--module", "--verbose"):
-        rest = rest[2:] if rest[0] == "--module" else rest[1:]
-    words = set(rest[:1])
-    if len(rest) > 1 and re.fullmatch(r"[a-z][a-z0-9_]*", rest[1]):
-        words.add(rest[1])
-    return words | {a.split("=")[0] for a in args if a.startswith("--")}
+def _page_commands(page):
+    """The commands a page's run executes: its setup lines, its unmarked bash
+    blocks and its transcripts' `$` lines (on any engine)."""
+    for step in STEPS[page]:
+        if isinstance(step, Setup):
+            yield from _commands(step.command)
+        elif step.lang == "bash" and step.marker is None:
+            yield from _commands(step.body)
+        elif step.lang == "text" and check_of(step) and check_of(step).how == "transcript":
+            yield from _commands("\n".join(re.findall(r"^\$ (.*)$", step.body, re.M)))
 
 
 RUN_BY = [b for b in BLOCKS if b.marker and b.marker[0] == "run by"]
@@ -296,40 +400,45 @@ RUN_BY = [b for b in BLOCKS if b.marker and b.marker[0] == "run by"]
 
 @pytest.mark.parametrize("block", RUN_BY, ids=_where)
 def test_run_by_names_tests_that_run_the_same_commands(block):
-    strings, sources = set(), ""
+    ran, sources, read_titles = [], "", set()
     for target in _run_by_targets(block.marker[1]):
         if target == ".ci/run":
             ci_lines = {line.strip() for line in CI.splitlines()}
             for line in block.body.splitlines():
                 if line.strip() and not line.startswith("#"):
                     assert line.strip() in ci_lines, f"{_where(block)}: .ci/run lacks {line!r}"
+            return
+        if target in STEPS:
+            assert target in RUN_PAGES, f"{_where(block)}: {target} has nothing that runs"
+            ran += [(list(args), False) for args in _page_commands(target)]
             continue
         path, _, name = target.partition("::")
         full = os.path.join(ROOT, path)
         assert re.fullmatch(r"tests/test_\w+\.py", path) and os.path.isfile(full), \
             f"{_where(block)}: no test file {path}"
-        source = open(full, encoding="utf-8").read()
-        sources += source
-        functions = _functions(full, os.path.join(ROOT, "tests", "conftest.py"))
+        functions, sequences, helpers = _module_names(full)
+        fixtures, _, _ = _module_names(os.path.join(ROOT, "tests", "conftest.py"))
         if name:
             assert name in functions and name.startswith("test_"), \
                 f"{_where(block)}: {path} has no test {name}"
-            strings |= _function_strings(name, functions, _constants(full), set())
+            nodes = list(_reached(name, {**fixtures, **functions}, set()))
         else:
-            strings |= {n.value for n in ast.walk(ast.parse(source))
+            nodes = [f for n, f in functions.items() if n.startswith("test_")]
+        ran += [(args, True) for args in _test_commands(nodes, sequences, helpers)]
+        sources += open(full, encoding="utf-8").read()
+        read_titles |= {n.value for node in nodes for n in ast.walk(node)
                         if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    if block.title in strings:
-        return  # the tests read this very block, by its title
-    # A docs file the tests read by its title (an example module) brings its names.
-    for other in BLOCKS:
-        if other.title and other.title in strings:
-            strings |= set(re.findall(r"\w+", other.body))
     if block.lang == "bash":
-        for args in _commands(block.body):
-            missing = sorted(_tokens(args) - strings)
-            assert not missing, (f"{_where(block)}: the named tests do not run "
-                                 f"`{' '.join(args)}`: no {missing}")
+        shown = list(_commands(block.body))
+        assert shown or block.title in read_titles, \
+            f"{_where(block)}: no `python -m experiments` command to check"
+        for args in shown:
+            assert any(_same_command(args, r, subs) for r, subs in ran), (
+                f"{_where(block)}: the named tests do not run `{shlex.join(args)}`; they run:\n"
+                + "\n".join(shlex.join(r) for r, _ in ran))
     elif block.lang == "python":
+        if block.title and block.title in read_titles:
+            return  # the tests run this very block, read by its title
         for node in ast.walk(ast.parse(block.body)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
                     "estimator_keras", "experiments"):
@@ -338,15 +447,46 @@ def test_run_by_names_tests_that_run_the_same_commands(block):
                         f"{_where(block)}: the named tests never use {alias.name}"
 
 
+def test_the_command_check_allows_only_steps_and_paths():
+    shown = ["train", "image_classifier", "--dataset", "photos", "--max-steps", "1000"]
+    assert _same_command(shown, ["train", "image_classifier", "--dataset", "photos",
+                                 "--max-steps", "200", "--model-dir", COMPUTED])
+    for other in (["--hparams", "filters=16"], ["--batch-size", "32"], ["--engine", "keras"]):
+        assert not _same_command(shown, shown + other), other
+    assert not _same_command(shown, ["train", "image_classifier", "--dataset", "other",
+                                     "--max-steps", "200"])
+    assert not _same_command(shown, ["evaluate"] + shown[1:])
+    assert not _same_command(shown, shown[:-2] + ["--max-steps", "200"], substitutions=False)
+
+
+def test_checked_by_names_tests_that_compare_their_output():
+    named = [b for b in BLOCKS if check_of(b) and check_of(b).how == "checked by"]
+    assert named, "no output is checked by a test"
+    for block in named:
+        path, _, name = check_of(block).target.partition("::")
+        full = os.path.join(ROOT, path)
+        assert os.path.isfile(full), f"{_where(block)}: no test file {path}"
+        functions, _, _ = _module_names(full)
+        assert name in functions, f"{_where(block)}: {path} has no test {name}"
+        calls = {n.attr if isinstance(n, ast.Attribute) else n.id
+                 for node in _reached(name, functions, set()) for n in ast.walk(node)
+                 if isinstance(n, (ast.Attribute, ast.Name))}
+        assert "assert_shows" in calls, \
+            f"{_where(block)}: {name} does not compare its output (docs_pages.assert_shows)"
+
+
 # ---------------------------------------------------------------------------
 # Running the pages' examples
 
 
 def _normalize(text, project):
+    """The run's own names as the pages write them: ``python`` for the
+    interpreter, ``$PWD`` for the page's project folder (an absolute path
+    printed by a command), a time stamp as YYYYMMDD-HHMMSS."""
     text = text.replace(sys.executable, "python").replace(str(project / "bin" / "python"),
                                                            "python")
-    text = re.sub(r"\d{8}-\d{6}", "YYYYMMDD-HHMMSS", text)
-    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+    text = text.replace(str(project), "$PWD")
+    return re.sub(r"\d{8}-\d{6}", "YYYYMMDD-HHMMSS", text)
 
 
 def _project(tmp_path):
@@ -371,21 +511,30 @@ def _project(tmp_path):
     return project, env
 
 
-def _run(args, project, env, what):
+def _run(args, project, env):
     proc = subprocess.run(args, cwd=str(project), env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=600)
     return proc.returncode, proc.stdout
 
 
-def _is_checked(step):
-    return isinstance(step, Block) and bool(step.marker) and step.marker[0] == "checked"
+def _is_page_checked(step):
+    return isinstance(step, Block) and step.lang == "text" and bool(check_of(step)) \
+        and check_of(step).how != "checked by"
+
+
+def _runs_here(step, engine):
+    """Whether a page's run executes or compares ``step`` on ``engine``."""
+    return isinstance(step, Block) and (
+        (step.lang in EXECUTED and step.marker is None)
+        or (_is_page_checked(step) and compared_here(check_of(step), engine)))
 
 
 def _pages_to_run(steps_by_page):
     """The pages with something to run or compare: a setup line, an unmarked
-    bash/python block, or a checked output (a transcript runs its own commands)."""
+    bash/python block, or an output checked by the page's run (a transcript
+    runs its own commands)."""
     return [page for page, steps in steps_by_page.items()
-            if any(isinstance(s, Setup) or _is_checked(s)
+            if any(isinstance(s, Setup) or _is_page_checked(s)
                    or (s.lang in EXECUTED and s.marker is None) for s in steps)]
 
 
@@ -393,7 +542,7 @@ RUN_PAGES = _pages_to_run(STEPS)
 
 
 def test_every_checked_output_is_on_a_page_that_runs():
-    checked = [b for b in BLOCKS if _is_checked(b)]
+    checked = [b for b in BLOCKS if _is_page_checked(b)]
     assert checked, "no checked output in README.md or docs/"
     assert not [_where(b) for b in checked if b.path not in RUN_PAGES]
 
@@ -402,7 +551,7 @@ def test_a_page_whose_only_example_is_a_transcript_is_run(tmp_path):
     page = tmp_path / "transcript-only.md"
     page.write_text("# A page\n\n<!-- checked: transcript -->\n```text\n$ echo hi\nhi\n```\n",
                     encoding="utf-8")
-    steps = _page_steps(str(page))
+    steps = page_steps(str(page))
     assert _pages_to_run({"transcript-only.md": steps}) == ["transcript-only.md"]
 
 
@@ -412,11 +561,14 @@ def test_the_pages_examples_run(page, tmp_path):
     if not os.path.isdir(FASHION):
         pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
     project, env = _project(tmp_path)
+    engine = docs_engine()
     last, compared = None, []
     for k, step in enumerate(STEPS[page]):
         where = f"{step.path}:{step.line}"
         if isinstance(step, Setup):
-            rc, out = _run(["bash", "-c", step.command], project, env, where)
+            if not any(_runs_here(later, engine) for later in STEPS[page][k + 1:]):
+                continue  # what it prepares is for another engine's outputs
+            rc, out = _run(["bash", "-c", step.command], project, env)
             assert rc == 0, f"{where}: setup failed (exit {rc}):\n{out[-3000:]}"
             continue
         if step.lang in EXECUTED and step.marker is None:
@@ -427,23 +579,30 @@ def test_the_pages_examples_run(page, tmp_path):
                     else f"_block_{k}.py"
                 (project / script).write_text(step.body, encoding="utf-8")
                 args = ["python", str(project / script)]
-            rc, last = _run(args, project, env, where)
+            rc, last = _run(args, project, env)
             assert rc == 0, f"{where}: exit {rc}:\n{last[-3000:]}"
-        elif step.marker == ("checked", "output of the block above"):
+            continue
+        if not _is_page_checked(step) or not compared_here(check_of(step), engine):
+            continue
+        check = check_of(step)
+        if check.how == "output of the block above":
             assert last is not None, f"{where}: no block ran before this output"
-            assert _normalize(last, project) == _normalize(step.body, project), \
-                f"{where}: the output shown is not what the block above prints now:\n{last}"
-            compared.append(step)
-        elif step.marker == ("checked", "transcript"):
+            problem = mismatch(_normalize(step.body, project), _normalize(last, project),
+                               check.numbers_vary)
+            assert problem is None, \
+                f"{where}: not what the block above prints now: {problem}\n{last}"
+        else:
             shown = re.split(r"^\$ (.*)\n", step.body, flags=re.M)
             assert len(shown) > 1, f"{where}: a transcript without a `$ command` line"
             for command, expected in zip(shown[1::2], shown[2::2]):
-                _, out = _run(["bash", "-c", command], project, env, where)
-                assert _normalize(out, project) == _normalize(expected, project), \
-                    f"{where}: `{command}` now prints:\n{out}"
-            compared.append(step)
-    # Every checked output of the page was compared with a run.
-    assert compared == [s for s in STEPS[page] if _is_checked(s)]
+                _, out = _run(["bash", "-c", command], project, env)
+                problem = mismatch(_normalize(expected, project), _normalize(out, project),
+                                   check.numbers_vary)
+                assert problem is None, f"{where}: `{command}` now prints: {problem}\n{out}"
+        compared.append(step)
+    # Every output of the page shown for this engine was compared with a run.
+    assert compared == [s for s in STEPS[page]
+                        if _is_page_checked(s) and compared_here(check_of(s), engine)]
 
 
 # ---------------------------------------------------------------------------

@@ -6,6 +6,8 @@ files and a segmentation folder go through ``prepare`` and train
 is loaded and used by a Python that never imports this package. Config files,
 ``show`` and ``MODEL_DIR/config.yaml`` are checked on real runs, and the
 docs' example module and prediction snippet (docs/tutorials/) are run as they are written.
+The commands are the docs' own (tests/test_docs.py checks it), and what they
+print is compared with the outputs the docs show (docs_pages.assert_shows).
 
 Sizes are chosen so that each claim is real and the file stays within a few
 minutes of CPU: 300 images per class at 28x28, a few hundred steps.
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
+from docs_pages import assert_shows
 from support import FASHION, ROOT, child_env, latest_step
 
 if os.path.isdir(FASHION):
@@ -40,14 +43,16 @@ def needs_fashion():
         pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
 
 
-def cli(*args, cwd=ROOT, env=None, timeout=300):
-    """``python -m experiments ARGS`` run in ``cwd``: (returncode, stdout, stderr)."""
+def cli(*args, cwd=ROOT, env=None, timeout=300, merged=False):
+    """``python -m experiments ARGS`` run in ``cwd``: (returncode, stdout,
+    stderr); ``merged``: stderr in stdout, as a terminal shows them, and ""."""
     env = env or child_env()
     env.pop("ESTIMATOR_KERAS_DATA_DIR", None)
     proc = subprocess.run([sys.executable, "-m", "experiments", *map(str, args)],
-                          cwd=str(cwd), env=env, capture_output=True, text=True,
+                          cwd=str(cwd), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
                           timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
+    return proc.returncode, proc.stdout, proc.stderr or ""
 
 
 def ok(result):
@@ -100,17 +105,18 @@ def photos(tmp_path_factory):
                                          jpeg_size=(36, 36))
     jpegs = {os.path.dirname(p) for p, _, _ in folder.files if p.endswith(".jpg")}
     assert len(jpegs) == 10, jpegs
-    out, err = ok(cli("prepare", "images", "--source-dir", "photos", "--name", "photos",
-                      cwd=root))
-    return {"root": root, "folder": folder, "out": out, "err": err}
+    out, _ = ok(cli("prepare", "images", "--source-dir", "photos", "--name", "photos",
+                    cwd=root, merged=True))
+    return {"root": root, "folder": folder, "out": out}
 
 
 @pytest.fixture(scope="module")
 def photos_model(photos):
-    """``train image_classifier --dataset photos``: 200 steps."""
+    """``train image_classifier --dataset photos``, the docs' command, for
+    200 steps."""
     root = photos["root"]
     out, _ = ok(cli("train", "image_classifier", "--dataset", "photos", "--max-steps", 200,
-                    "--eval-every", 200, *CLASSIFIER, cwd=root))
+                    "--eval-every", 100, cwd=root, merged=True))
     return {"export": root / "runs" / "image_classifier" / "export", "out": out}
 
 
@@ -133,7 +139,7 @@ def held_out(photos):
     return files
 
 
-def test_prepare_images_records_counts_classes_and_the_bad_files(photos):
+def test_prepare_images_records_counts_classes_and_the_bad_files(photos, request):
     folder = photos["folder"]
     found = manifest(photos["root"] / "data", "photos")
     assert split_sizes(found) == {"train": 2700, "test": 300}
@@ -167,10 +173,20 @@ def test_prepare_images_records_counts_classes_and_the_bad_files(photos):
     assert f"{3000 - pngs} of 3000 resized" in out  # the JPEGs, of another size
     assert "skipped 2 files" in out
     assert all(bad in out for bad in folder.bad), out
+    assert_shows(request, out)
+
+
+def test_strict_refuses_the_folder_naming_its_unreadable_files(photos, request):
+    rc, out, _ = cli("prepare", "images", "--source-dir", "photos", "--name", "photos2",
+                     "--strict", cwd=photos["root"], merged=True)
+    assert rc == 1, out
+    assert all(bad in out for bad in photos["folder"].bad), out
+    assert not os.path.exists(photos["root"] / "data" / "photos2")
+    assert_shows(request, out)
 
 
 @pytest.mark.slow
-def test_image_classifier_on_the_folder_beats_chance(photos, photos_model):
+def test_image_classifier_on_the_folder_beats_chance(photos, photos_model, request):
     info = load_json(photos_model["export"] / "export.json")
     assert info["experiment"] == "image_classifier"
     assert info["global_step"] == 200
@@ -179,6 +195,8 @@ def test_image_classifier_on_the_folder_beats_chance(photos, photos_model):
     assert info["metrics"]["accuracy"] > 0.5, info["metrics"]
     assert re.search(r"final metrics: accuracy 0\.[5-9]", photos_model["out"]), \
         photos_model["out"]
+    # What the tutorial shows its two commands print.
+    assert_shows(request, photos["out"] + "\n" + photos_model["out"])
 
 
 PREDICT_FILES = r"""
@@ -226,20 +244,26 @@ def test_plain_keras_names_the_class_of_held_out_files(photos, photos_model, hel
 # ---------------------------------------------------------------------------
 # 2. ImageNet-style TFRecord files
 
-IMAGENET_NAMES = ("background",) + user_data.FASHION_CLASSES if user_data else ()
+# As the docs spell them (docs/howto/prepare-data.md): class 0, then Fashion-MNIST's.
+IMAGENET_CLASS_NAMES = ("background,t-shirt_top,trouser,pullover,dress,coat,sandal,shirt,"
+                        "sneaker,bag,ankle_boot")
+IMAGENET_NAMES = tuple(IMAGENET_CLASS_NAMES.split(","))
 
 
 @pytest.mark.slow
-def test_imagenet_style_tfrecords_prepared_and_learned(tmp_path):
+def test_imagenet_style_tfrecords_prepared_and_learned(tmp_path, request):
     """JPEG of three sizes in ``image/encoded``, 1-based ``image/class/label``
     as ImageNet's own files: 100 per class over 3 files."""
     needs_fashion()
+    assert IMAGENET_NAMES[1:] == user_data.FASHION_CLASSES
     written = user_data.make_imagenet_tfrecords(tmp_path / "imagenet", per_class=100,
                                                 label_offset=1)
     assert len(written.files) == 3
-    out, _ = ok(cli("prepare", "tfrecords", "--source", tmp_path / "imagenet" / "train-*",
-                    "--name", "garments", "--image-size", "28x28",
-                    "--class-names", ",".join(IMAGENET_NAMES), "--data-dir", tmp_path / "data"))
+    # From the folder holding them, as the docs' command runs (its paths in the output).
+    out, _ = ok(cli("prepare", "tfrecords", "--source", "imagenet/train-*", "--name",
+                    "garments", "--image-size", "28x28", "--class-names",
+                    IMAGENET_CLASS_NAMES, cwd=tmp_path, merged=True))
+    assert_shows(request, out)
     found = manifest(tmp_path / "data", "garments")
     assert sum(split_sizes(found).values()) == 1000
     assert found["schema"]["image"]["shape"] == [28, 28, 3]
@@ -272,16 +296,18 @@ def mean_iou(truth, predicted, num_classes):
 
 
 @pytest.mark.slow
-def test_image_segmenter_beats_the_all_background_baseline(tmp_path):
+def test_image_segmenter_beats_the_all_background_baseline(tmp_path, request):
     """400 garment masks (0 background, 1 tops, 2 everything else); every
     seventh pair (of every class: the maker interleaves them) 32x32, resized
     to the common 28x28."""
     needs_fashion()
-    user_data.make_segmentation_folder(tmp_path / "masks_folder", count=400, classes=3,
+    user_data.make_segmentation_folder(tmp_path / "garments", count=400, classes=3,
                                        odd_size_every=7)
     data = tmp_path / "data"
-    ok(cli("prepare", "segmentation", "--source-dir", tmp_path / "masks_folder",
-           "--name", "garments", "--data-dir", data))
+    # From the folder holding it, as the docs' command runs (its paths in the output).
+    out, _ = ok(cli("prepare", "segmentation", "--source-dir", "garments", "--name",
+                    "garments", cwd=tmp_path, merged=True))
+    assert_shows(request, out)
     found = manifest(data, "garments")
     assert split_sizes(found) == {"train": 360, "test": 40}
     assert found["labels"]["mask"]["num_classes"] == 3
@@ -408,7 +434,7 @@ def tiny_run(mnist_data, tmp_path_factory):
     model_dir = root / "run"
     args = ("train", "image_classifier", "--data-dir", mnist_data, "--model-dir", model_dir,
             "--config", config, "--dataset", "mnist")
-    ok(cli(*args, "--hparams", "batch_size=8,max_steps=20,dropout=0.2", "--max-steps", 3))
+    ok(cli(*args, "--hparams", "batch_size=8,dropout=0.2", "--max-steps", 3))
     with open(model_dir / "config.yaml", encoding="utf-8") as f:
         recorded = yaml.safe_load(f)
     return {"args": args, "config": recorded, "model_dir": model_dir}
@@ -428,8 +454,7 @@ def test_run_records_the_resolved_configuration(tiny_run, mnist_data):
     assert recorded["data_info"]["inputs"] == {"image": {"shape": [20, 20, 1],
                                                          "dtype": "uint8"}}
     assert recorded["data_info"]["class_names"] == [str(d) for d in range(10)]
-    # --max-steps 3 over --hparams max_steps=20 over the file's 50.
-    assert recorded["train"]["max_steps"] == 3, "a flag must win over --hparams"
+    assert recorded["train"]["max_steps"] == 3, "--max-steps must win over the file's 50"
     assert latest_step(tiny_run["model_dir"]) == 3
 
 
@@ -518,10 +543,12 @@ def test_readme_example_module_lists_and_trains(tmp_path):
 
 
 @pytest.mark.slow
-def test_readme_prediction_snippet_names_the_class(photos, photos_model):
-    """The docs' predict.py, run as it is written in the project folder
-    the tutorial's commands made, on one of the user's own image files."""
-    code = readme_block("predict.py")
+def test_readme_prediction_snippet_names_the_class(photos, photos_model, request):
+    """The docs' predict.py, with the lines the tutorial adds to it, run as
+    it is written in the project folder the tutorial's commands made, on one
+    of the user's own image files, by a Python that does not import this
+    package."""
+    code = readme_block("predict.py") + readme_block("predict.py, continued")
     images, labels = user_data.fashion_examples(1, split="test", skip=20)
     trouser = images[list(labels).index(1)]
     named = set(re.findall(r"""["']([\w./-]+\.(?:jpe?g|png))["']""", code))
@@ -532,5 +559,13 @@ def test_readme_prediction_snippet_names_the_class(photos, photos_model):
     assert os.path.isdir(photos_model["export"])
     code += ("\nimport sys\nassert not [m for m in sys.modules if m.split('.')[0] in "
              f"{OUR_PACKAGES!r}]\n")
-    out = plain_python(code, cwd=photos["root"])
-    assert "trouser" in out, out
+    write_text(photos["root"] / "predict.py", code)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    proc = subprocess.run([sys.executable, "-I", "predict.py"], cwd=str(photos["root"]),
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The class by Keras's model.h5, then by the SavedModel's signature.
+    assert proc.stdout.splitlines()[0].startswith("trouser "), proc.stdout
+    assert proc.stdout.splitlines()[1] == "[b'trouser']", proc.stdout
+    assert_shows(request, "$ python predict.py\n" + proc.stdout)
