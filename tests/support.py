@@ -94,6 +94,36 @@ def checkpoint_steps(model_dir):
     return sorted(int(m.group(1) or m.group(2)) for m in found if m)
 
 
+def latest_checkpoint_weights(model_dir):
+    """(path, {name: array}) of the model weights in the newest checkpoint of
+    any engine in model_dir (TF checkpoints: the layers' variables; the
+    keras3 engine's weights files: every array outside the optimizer's)."""
+    import h5py  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    steps = checkpoint_steps(model_dir)
+    assert steps, f"no checkpoint in {model_dir}"
+    keras3 = os.path.join(str(model_dir), f"ckpt-{steps[-1]}.weights.h5")
+    if os.path.exists(keras3):
+        found = {}
+        with h5py.File(keras3, "r") as f:
+            f.visititems(lambda name, obj: found.__setitem__(name, obj[()]) if isinstance(
+                obj, h5py.Dataset) and not name.startswith("optimizer") else None)
+        return keras3, found
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    reader = tf.train.load_checkpoint(latest)
+    return latest, {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
+                    if "layer_with_weights" in key and "OPTIMIZER" not in key}
+
+
+def checkpoint_files(model_dir):
+    """name -> bytes of every checkpoint file of any engine in model_dir."""
+    names = [n for n in os.listdir(str(model_dir))
+             if n.startswith(("model.ckpt", "ckpt-")) or n in ("checkpoint",
+                                                                "keras3-checkpoints.json")]
+    return {n: open(os.path.join(str(model_dir), n), "rb").read() for n in names}
+
+
 def checkpoint_name(step):
     """A pattern for the name of the checkpoint of ``step`` in log lines, of
     any engine (``model.ckpt-150``, ``ckpt-150.weights.h5``)."""

@@ -9,10 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from estimator_keras import engines, tf_errors
+from estimator_keras import tf_errors
+import environments
 from support import ROOT, child_env, cli
 
-ENGINES = ["keras"] + (["estimator"] if engines.estimator_available() else [])
+# The engines this environment tests (tests/environments.py).
+ENGINES = environments.engines_under_test()
 
 # A plugin whose model fails at run time, in a Reshape inside the model.
 BAD_MODEL_MODULE = """
@@ -199,7 +201,8 @@ def test_a_shape_error_in_the_model_is_not_called_data(tmp_path, plugin, engine)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ENGINES)
+# The keras3 engine on TensorFlow trains in one process (a cluster needs JAX).
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e != "keras3"])
 def test_an_error_in_a_cluster_task_names_the_task(tmp_path, plugin, engine):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel

@@ -8,10 +8,11 @@ import re
 
 import pytest
 
-from estimator_keras import engines
+import environments
 from support import checkpoint_steps, cli
 
-ENGINES = ["keras"] + (["estimator"] if engines.estimator_available() else [])
+# The engines this environment tests (tests/environments.py).
+ENGINES = environments.engines_under_test()
 pytestmark = pytest.mark.slow
 
 

@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from estimator_keras import engines
-from support import cli, latest_step, start_cli
+import environments
+from support import checkpoint_name, cli, latest_step, start_cli
 
-ENGINES = ["keras"] + (["estimator"] if engines.estimator_available() else [])
+# The engines this environment tests (tests/environments.py).
+ENGINES = environments.engines_under_test()
 # Each engine is signalled at one random step drawn from this range (seeded
 # per run, so a failure names its step).
 SIGTERM_STEPS = (40, 400)
@@ -60,7 +61,8 @@ def test_sigterm_saves_the_current_step_and_a_rerun_resumes(fashion_data, tmp_pa
 
     rc, _, err = cli(*common, "--max-steps", saved + 40, timeout=300)
     assert rc == 0, err[-3000:]
-    assert f"resuming from {model_dir}/model.ckpt-{saved}" in err, err[-3000:]
+    assert re.search(rf"resuming from {re.escape(str(model_dir))}/{checkpoint_name(saved)}",
+                     err), err[-3000:]
     assert latest_step(model_dir) == saved + 40
     steps = _progress_steps(err)
     assert steps and min(steps) > saved, steps
@@ -79,7 +81,7 @@ def test_a_resumed_run_draws_new_batches_and_fresh_runs_repeat(fashion_data, tmp
 
     def first_batch(model_dir):
         ctx = RunContext.build(experiment, experiment.config, model_dir=str(model_dir),
-                               data_dir=str(fashion_data), engine="keras")
+                               data_dir=str(fashion_data), engine=ENGINES[-1])
         features, labels = next(iter(ctx.train_fn()))
         return ctx.seed, features["image"].numpy(), labels.numpy()
 

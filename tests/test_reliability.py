@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from support import checkpoint_steps, child_env, cli, kill_group, start_cli
+from support import (checkpoint_files, checkpoint_steps, child_env, cli, kill_group,
+                     latest_checkpoint_weights, start_cli)
 
 pytestmark = pytest.mark.slow
 
@@ -150,13 +151,10 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(fashion_data
     assert rc == 1
     _no_traceback(err)
     assert "NaN or infinite" in err and "learning_rate" in err
-    import tensorflow as tf
-    latest = tf.train.latest_checkpoint(str(tmp_path / "run"))
-    assert latest is not None and latest in err
-    reader = tf.train.load_checkpoint(latest)
-    for key in reader.get_variable_to_shape_map():
-        if "layer_with_weights" in key and "OPTIMIZER" not in key:
-            assert np.isfinite(reader.get_tensor(key)).all(), key
+    latest, weights = latest_checkpoint_weights(tmp_path / "run")
+    assert latest in err and weights
+    for name, value in weights.items():
+        assert np.isfinite(value).all(), name
 
 
 # -- 6. wrong model dir, shared model dir ----------------------------------
@@ -165,8 +163,8 @@ def test_model_dir_of_other_architecture_is_refused(fashion_data, trained_dir, t
     import shutil
     model_dir = tmp_path / "run"
     shutil.copytree(trained_dir, model_dir)
-    before = {p: open(model_dir / p, "rb").read() for p in os.listdir(model_dir)
-              if p.startswith("model.ckpt")}
+    before = checkpoint_files(model_dir)
+    assert before
     rc, _, err = _train(fashion_data, model_dir, name="fashion_mnist_cnn", steps=60)
     assert rc == 1
     _no_traceback(err)
@@ -177,8 +175,7 @@ def test_model_dir_of_other_architecture_is_refused(fashion_data, trained_dir, t
     assert "model.dropout" in why and str(model_dir / "config.yaml") in why
     assert "Use another --model-dir" in todo
     assert max(len(line.replace(str(model_dir), "DIR")) for line in (what, why, todo)) < 130
-    after = {p: open(model_dir / p, "rb").read() for p in before}
-    assert before == after  # nothing restored, nothing overwritten
+    assert checkpoint_files(model_dir) == before  # nothing restored, nothing overwritten
 
 
 def test_second_train_on_same_model_dir_refuses(fashion_data, tmp_path):
