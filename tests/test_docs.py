@@ -77,6 +77,21 @@ def test_the_readme_is_a_short_front_page():
     assert 'tox -- -m "not slow"' in _section("Quickstart")
 
 
+def test_the_quickstart_states_one_measured_result_with_its_source():
+    """One command, one result: every other measurement lives on the
+    performance page. The result's accuracy is the one its published run
+    printed."""
+    text = _section("Quickstart")
+    accuracies = re.findall(r"\b0\.9\d{2,}\b", text)
+    timings = re.findall(r"\b\d+(?:\.\d+)? ?(?:min|s)\b", text)
+    assert len(set(accuracies)) == 1, accuracies
+    assert len(timings) <= 2, timings
+    sources = re.findall(r"benchmarks/published/[\w.-]+", text)
+    assert len(set(sources)) == 1, sources
+    published = open(os.path.join(ROOT, sources[0]), encoding="utf-8").read()
+    assert f"final metrics: accuracy {accuracies[0]}" in published
+
+
 def test_the_quickstart_makes_a_venv_and_uses_it():
     main, tests = _quickstart_commands()
     steps = [shlex.split(step) for step in main.split("&&")]
