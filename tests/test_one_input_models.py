@@ -6,7 +6,6 @@ builds later may differ in name: one input and one feature bind by arity.
 Several inputs are still matched by name, and their refusal names what an
 experiment's author can change."""
 
-import importlib.util
 import json
 import os
 import re
@@ -19,7 +18,7 @@ import tensorflow as tf
 from estimator_keras import engines, model_inputs, records
 from estimator_keras.errors import SchemaError
 from experiments import DataConfig, ExperimentConfig, context
-from support import cli, child_env, export_model_file, keras3_installed
+from support import KERAS3_BACKENDS, cli, child_env, export_model_file
 
 layers = tf.keras.layers
 
@@ -191,11 +190,8 @@ ENGINE_CASES = [
         not _available("estimator"), reason="tf.estimator ends with TensorFlow 2.15")),
     pytest.param("keras", None, marks=pytest.mark.skipif(
         not _available("keras"), reason="the keras engine needs Keras 2 (tf-keras)")),
-    pytest.param("keras3", "tensorflow", marks=pytest.mark.skipif(
-        not keras3_installed(), reason="Keras 3 is not installed (TensorFlow <= 2.15)")),
-    pytest.param("keras3", "jax", marks=pytest.mark.skipif(
-        not keras3_installed() or importlib.util.find_spec("jax") is None,
-        reason="Keras 3 or JAX is not installed (pip install -e '.[jax]')")),
+    # The keras3 engine's backends, as every keras3 case has them (tests/support.py).
+    *(pytest.param("keras3", case.values[0], marks=case.marks) for case in KERAS3_BACKENDS),
 ]
 
 
