@@ -56,6 +56,7 @@ def test_every_expected_skip_runs_in_another_environment():
             assert reason, (name, pattern)
             module = os.path.basename(pattern.split("::")[0])
             assert fnmatch.filter(MODULES, module), (name, pattern, "names no module")
+            assert fnmatch.filter(env.modules, module), (name, pattern, "a module it runs not")
             example = pattern.replace("*", "x").replace("[", "").replace("]", "")
             runs = [other for other, e in environments.ENVIRONMENTS.items() if other != name
                     and fnmatch.filter(e.modules, module)
