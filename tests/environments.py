@@ -195,14 +195,24 @@ def pytest_ignore_collect(collection_path, config):
     return True if name not in ENV.modules else None
 
 
+def _elsewhere(item):
+    """Whether another environment runs this case: the keras3 engine on a
+    backend this one does not run, or a case of a Keras 2 engine (an
+    ``engine`` parameter) this one does not test."""
+    mark = item.get_closest_marker("keras3_backend")
+    if mark is not None:
+        return mark.args[0] not in ENV.backends
+    engine = getattr(item, "callspec", None) and item.callspec.params.get("engine")
+    return engine in ("estimator", "keras") and engine not in ENV.engines
+
+
 def pytest_collection_modifyitems(config, items):
-    """The keras3 engine's cases on a backend that another environment runs."""
+    """Cases that another environment runs are deselected here."""
     if ENV is None:
         return
     kept, other = [], []
     for item in items:
-        mark = item.get_closest_marker("keras3_backend")
-        (other if mark and mark.args[0] not in ENV.backends else kept).append(item)
+        (other if _elsewhere(item) else kept).append(item)
     if other:
         config.hook.pytest_deselected(items=other)
         items[:] = kept

@@ -92,7 +92,7 @@ def test_a_skip_the_environment_does_not_list_fails_the_run(tmp_path):
     assert "something is missing" in proc.stdout
 
 
-def test_a_run_without_skips_passes_and_other_backends_are_deselected(tmp_path):
+def test_a_run_without_skips_passes_and_other_envs_cases_are_deselected(tmp_path):
     proc = _pytest(tmp_path, "py313", """
         import pytest
 
@@ -101,6 +101,10 @@ def test_a_run_without_skips_passes_and_other_backends_are_deselected(tmp_path):
             pytest.param("jax", marks=pytest.mark.keras3_backend("jax"))])
         def test_backend(backend):
             assert backend == "tensorflow"
+
+        @pytest.mark.parametrize("engine", ["estimator", "keras", "keras3"])
+        def test_engine(engine):
+            assert engine == "keras3"
     """)
     assert proc.returncode == 0, proc.stdout
-    assert "1 passed, 1 deselected" in proc.stdout
+    assert "2 passed, 3 deselected" in proc.stdout
