@@ -14,7 +14,8 @@ checked against:
 Options follow, separated by ``;``: ``on ENGINE`` (the block is what
 ``--engine auto`` prints where it picks ENGINE: compared only there, each
 other engine's page run or test skipping it) and ``numbers vary`` (each
-number, and each duration such as ``1 min 2 s``, matches any other). In any
+number, and each duration such as ``1 min 2 s``, matches any other; a table's
+columns may then be padded to other widths). In any
 block a line ``...`` stands for any number of lines; every other line, its
 words, file names and place in the order, must be in the real output.
 """
@@ -34,6 +35,7 @@ FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})(?P<lang>[\w-]*)(?P<attrs>.*
 COMMENT = re.compile(r"^ *<!-- (?P<kind>[\w ]+):\s*(?P<text>.*?)\s*-->$")
 TITLE = re.compile(r'title="([^"]*)"')
 ELIDED = "..."
+COLUMN_GAP = re.compile(r" {2,}")
 # The engines whose `--engine auto` pages and tests compare: estimator on
 # TensorFlow 2.15 (py311), keras3 on Python 3.12+ with '.[cpu]' (py313).
 DOCUMENTED_ENGINES = ("estimator", "keras3")
@@ -128,7 +130,10 @@ NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e-?\d+)?")
 def _lines(text, numbers_vary):
     lines = [line.rstrip() for line in text.strip("\n").split("\n")]
     if numbers_vary:
-        lines = [line if line == ELIDED else NUMBER.sub("N", DURATION.sub("T", line))
+        # A table pads its columns to its widest number, so the padding varies
+        # with the numbers: any run of two or more spaces matches any other.
+        lines = [line if line == ELIDED else
+                 COLUMN_GAP.sub("  ", NUMBER.sub("N", DURATION.sub("T", line)))
                  for line in lines]
     return lines
 

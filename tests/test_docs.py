@@ -74,7 +74,7 @@ def test_the_readme_is_a_short_front_page():
     for section in ("Quickstart", "Your own images in three commands",
                     "Your own model in one module", "Commands", "Documentation"):
         assert f"\n## {section}\n" in README, section
-    assert 'tox -- -m "not slow"' in _section("Quickstart")
+    assert 'tox p -- -m "not slow"' in _section("Quickstart")
 
 
 def test_the_quickstart_states_one_measured_result_with_its_source():
@@ -203,6 +203,11 @@ def test_an_output_matches_line_by_line_with_elisions_and_numbers_that_vary():
     assert mismatch("...\nnoise\nheader\n...\n", real) is not None
     assert mismatch("header\nstep 20/40, 5 s left\n", real) is not None  # lines left over
     assert mismatch("header\n...\nmissing\n...\n", real) is not None
+    # A table's padding follows its widest number, but its columns stay apart.
+    table = "trial  wall s  rate\n1      8       0.1\n"
+    assert mismatch("trial  wall s  rate\n1      24      0.1\n", table, numbers_vary=True) is None
+    assert mismatch("trial  wall s  rate\n1      24      0.1\n", table) is not None
+    assert mismatch("trial  wall s  rate\n1 24 0.1\n", table, numbers_vary=True) is not None
 
 
 def _run_by_targets(text):

@@ -5,9 +5,11 @@ import configparser
 import fnmatch
 import glob
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
+import types
 
 import environments
 from support import ROOT, child_env
@@ -29,7 +31,7 @@ def test_the_environments_are_toxs_envlist():
 
 
 def test_every_env_runs_pytest_with_the_callers_arguments_only():
-    """`tox -- -m "not slow"` (the README's fast command) replaces posargs:
+    """`tox p -- -m "not slow"` (the README's fast command) replaces posargs:
     no env may keep its choice of tests there, or the replacement loses it."""
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(os.path.join(ROOT, "tox.ini"))
@@ -63,6 +65,33 @@ def test_every_expected_skip_runs_in_another_environment():
                     and environments.expected_skip(e, example) is None
                     and environments.expected_skip(e, pattern) is None]
             assert runs, f"{pattern} is skipped in {name} and runs in no other environment"
+
+
+def test_a_module_one_env_runs_in_part_runs_in_full_in_another():
+    for name, env in environments.ENVIRONMENTS.items():
+        for module, cases in env.only.items():
+            assert module in env.modules and cases, (name, module)
+            full = [other for other, e in environments.ENVIRONMENTS.items()
+                    if other != name and module in e.modules and module not in e.only]
+            assert full, f"{module}: {name} runs part of it and no environment the rest"
+
+
+def test_only_deselects_the_cases_it_does_not_name():
+    env = environments.ENVIRONMENTS["py313"]._replace(
+        only={"test_x.py": ("test_kept*",)})
+
+    def item(path, name):
+        return types.SimpleNamespace(path=pathlib.Path("tests", path), originalname=name,
+                                     get_closest_marker=lambda name: None)
+
+    assert not environments.runs_elsewhere(env, item("test_x.py", "test_kept_here"))
+    assert environments.runs_elsewhere(env, item("test_x.py", "test_run_elsewhere"))
+    assert not environments.runs_elsewhere(env, item("test_y.py", "test_run_elsewhere"))
+    py311 = environments.ENVIRONMENTS["py311"]
+    assert environments.runs_elsewhere(py311, item("test_keras_engine.py",
+                                                   "test_keras3_loads_the_exports"))
+    assert not environments.runs_elsewhere(py311, item(
+        "test_keras_engine.py", "test_estimator_model_dir_moves_to_the_keras_engine"))
 
 
 def _pytest(tmp_path, env_name, body):
