@@ -30,9 +30,10 @@ ENVIRONMENTS = {
         "Python 3.11, TensorFlow 2.15 with tf.estimator and its own Keras 2: the estimator "
         "engine and its moves to the keras engine, the cloud targets, the docs build",
         modules=(
-            # The data layer (records, inputs, sources, manifests, caches) runs in
-            # py313, on the TensorFlow the Quickstart installs; here it runs under
-            # every estimator run.
+            # The data layer (records, inputs, sources, manifests, caches) and the
+            # user's-data walkthroughs (prepare, train, predict) run in py313, on
+            # the TensorFlow and engine the Quickstart gives; here the data layer
+            # runs under every estimator run.
             "test_benchmarks.py", "test_built_once.py", "test_checkpoints.py", "test_cli.py",
             "test_cli_usage.py", "test_cloud.py", "test_cluster.py", "test_cluster_checks.py",
             "test_cluster_network.py", "test_cluster_preemption.py", "test_distributed.py",
@@ -45,8 +46,6 @@ ENVIRONMENTS = {
             "test_preemption_tasks.py", "test_reliability.py", "test_resume_randomness.py",
             "test_submit_flags.py", "test_tune.py", "test_vector_data.py",
             "test_messages.py", "test_one_input_models.py", "test_exit.py",
-            # The user's-data walkthroughs (prepare, train, predict) run in
-            # py313, on the engine the Quickstart gives.
         ),
         # The keras engine's guarantees run in the keras env (TensorFlow 2.21).
         engines=("estimator",),
@@ -209,8 +208,8 @@ def runs_elsewhere(environment, item):
     backend ``environment`` does not run, a case of a Keras 2 engine (an
     ``engine`` parameter) it does not test, or one its ``only`` leaves out."""
     mark = item.get_closest_marker("keras3_backend")
-    if mark is not None:
-        return mark.args[0] not in environment.backends
+    if mark is not None and mark.args[0] not in environment.backends:
+        return True
     engine = getattr(item, "callspec", None) and item.callspec.params.get("engine")
     if engine in ("estimator", "keras") and engine not in environment.engines:
         return True

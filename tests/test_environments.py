@@ -80,12 +80,19 @@ def test_only_deselects_the_cases_it_does_not_name():
     env = environments.ENVIRONMENTS["py313"]._replace(
         only={"test_x.py": ("test_kept*",)})
 
-    def item(path, name):
+    def item(path, name, backend=None):
+        mark = types.SimpleNamespace(args=(backend,)) if backend else None
         return types.SimpleNamespace(path=pathlib.Path("tests", path), originalname=name,
-                                     get_closest_marker=lambda name: None)
+                                     get_closest_marker=lambda name: mark)
 
     assert not environments.runs_elsewhere(env, item("test_x.py", "test_kept_here"))
     assert environments.runs_elsewhere(env, item("test_x.py", "test_run_elsewhere"))
+    # A keras3 case on a backend this env runs is still one `only` leaves out.
+    assert environments.runs_elsewhere(env, item("test_x.py", "test_run_elsewhere",
+                                                 "tensorflow"))
+    assert not environments.runs_elsewhere(env, item("test_x.py", "test_kept_here",
+                                                     "tensorflow"))
+    assert environments.runs_elsewhere(env, item("test_x.py", "test_kept_here", "jax"))
     assert not environments.runs_elsewhere(env, item("test_y.py", "test_run_elsewhere"))
     py311 = environments.ENVIRONMENTS["py311"]
     assert environments.runs_elsewhere(py311, item("test_keras_engine.py",
