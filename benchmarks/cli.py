@@ -43,6 +43,7 @@ TABLES = {
     "accuracy": ("benchmarks.accuracy_table", "estimator"),
     "shapes": ("benchmarks.shapes_table", "any"),
     "cluster": ("benchmarks.cluster_table", "any"),
+    "cadence": ("benchmarks.cadence_table", "keras"),
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 # Tables run --rounds times: their targets are ratios of rates measured side by

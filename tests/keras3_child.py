@@ -189,12 +189,23 @@ class ExamplesSeen(keras.metrics.Sum):
         return super().update_state(keras.ops.ones_like(keras.ops.cast(y_true, "float32")))
 
 
+class CallEnds(keras.callbacks.Callback):
+    """The optimizer's step at the end of each call of Keras' training function."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append(keras3._step(self.model))
+
+
 def run_steps_per_call(data_dir, model_dir, options):
-    """Step counts that 8 divides (8 steps per call of Keras' training
-    function) and evaluations of 2 batches, then a longer run to a count
-    that only 4 divides."""
+    """Full calls of 8 steps at a cadence 8 does not divide: evaluations every
+    12 steps, 30 steps in all, 2 eval batches; each call's end as Keras' fit
+    runs it with the engine's TrainingSteps; then a resume at 30 to 36."""
     evaluations, logs = [], []
-    fields = dict(options, max_steps=24, eval_every_steps=8, log_every_steps=8, eval_steps=2)
+    fields = dict(options, max_steps=30, eval_every_steps=12, log_every_steps=8, eval_steps=2)
     plan = make_plan(data_dir, model_dir, evaluations, logs, **fields)
     plan = dataclasses.replace(plan, metrics=lambda: ["accuracy", ExamplesSeen()])
     result = keras3.Keras3Engine().train(plan)
@@ -205,11 +216,17 @@ def run_steps_per_call(data_dir, model_dir, options):
                final_examples=result.metrics["examples_seen"])
     del evaluations[:]
     longer = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
-                                                   **dict(fields, max_steps=28)))
+                                                   **dict(fields, max_steps=36)))
+    # The calls themselves, on a model of its own (the engine's callback in fit).
+    model = keras3.compile_for_keras3(plan, keras3.MAX_STEPS_PER_EXECUTION)
+    meter = base.ProgressMeter(plan.log_every_steps, log=lambda line: None)
+    ends = CallEnds()
+    model.fit(keras3._datasets(plan, model)[0], epochs=3, steps_per_epoch=12, verbose=0,
+              callbacks=[keras3.TrainingSteps(plan, meter, lambda: None, model), ends])
     return dict(out, logs=logs, longer_step=longer.global_step,
                 longer_iterations=keras3._step(longer.model),
-                longer_per_call=longer.model.steps_per_execution,
-                longer_evaluated=[m["global_step"] for _, m in evaluations])
+                longer_evaluated=[m["global_step"] for _, m in evaluations],
+                call_ends=ends.steps, per_call_after=model.steps_per_execution)
 
 
 def run_one_input(data_dir, model_dir, options):

@@ -106,23 +106,25 @@ def test_evaluates_every_eval_every_steps_and_stops_at_max_steps(scenarios):
     assert os.path.basename(run["checkpoint"]) == "ckpt-12.weights.h5"
 
 
-def test_several_steps_per_call_keep_every_count_exact(scenarios):
+def test_full_calls_of_steps_at_a_cadence_they_do_not_divide(scenarios):
     run = scenarios["steps_per_call"]
-    assert run["per_call"] == 8
-    assert run["step"] == run["iterations"] == 24
-    assert run["evaluated"] == [8, 16, 24]
-    assert run["kept"] == [8, 16, 24]
+    # 8 steps a call, and a shorter call ends each window of 12 and the run.
+    assert run["call_ends"] == [8, 12, 20, 24, 30], run["call_ends"]
+    assert run["per_call"] == run["per_call_after"] == 8
+    assert run["step"] == run["iterations"] == 30
+    assert run["evaluated"] == [12, 24, 30]
+    assert run["kept"] == [12, 24, 30]
     # eval_steps=2 of 32 examples each: an evaluation ends with its batches,
     # not after a whole call of 8.
     assert run["examples_evaluated"] == [64.0, 64.0, 64.0]
     assert run["final_examples"] == 64.0
     progress = [line.split(",")[0] for line in run["logs"] if line.startswith("step ")]
-    # The first call holds the tracing: lines start after it.
-    assert progress[:2] == ["step 16/24", "step 24/24"], run["logs"]
-    # 28 is not a multiple of 8: 4 steps per call, and the run stops at 28.
-    assert run["longer_per_call"] == 4
-    assert run["longer_step"] == run["longer_iterations"] == 28
-    assert run["longer_evaluated"] == [28]
+    # A line at the call that passes a multiple of 8; the first call (to 8)
+    # holds the tracing: lines start after it.
+    assert progress[:2] == ["step 20/30", "step 24/30"], run["logs"]
+    # Resumed at 30, which is not on the cadence: 6 steps to 36.
+    assert run["longer_step"] == run["longer_iterations"] == 36
+    assert run["longer_evaluated"] == [36]
 
 
 def test_a_model_of_one_input_takes_the_pipelines_features_without_a_warning(scenarios):

@@ -14,9 +14,9 @@ It keeps the other engines' contract:
   TensorBoard scalars in ``train/`` and ``validation/`` of the summary dir;
 - ``max_steps`` is exact (the optimizer's ``iterations``); evaluations stay
   on multiples of ``eval_every_steps`` after a resume from any step;
-- up to :data:`MAX_STEPS_PER_EXECUTION` steps run in one call of Keras'
-  compiled training function (:func:`steps_per_execution`), every step the
-  engine acts on still ending a call;
+- :data:`MAX_STEPS_PER_EXECUTION` steps run in one call of Keras'
+  compiled training function, and a shorter call ends each evaluation's
+  window and the run (:class:`TrainingSteps`), whatever the cadence;
 - a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
   preemption), optimizer state included; a finished run trains nothing and
   reports its evaluation; a model dir that holds only a TensorFlow checkpoint
@@ -65,41 +65,75 @@ def _step(model):
 
 
 class TrainingSteps(keras.callbacks.Callback):
-    """Counts the steps: progress lines, the NaN check, the exact stop at
-    ``max_steps`` and, with a PreemptionWatch, the checkpoint of the step
-    just taken before Preempted.
+    """Counts the steps and sizes the calls: progress lines, the NaN check,
+    the exact stop at ``max_steps`` and, with a PreemptionWatch, the
+    checkpoint of the step just taken before Preempted.
 
-    The step is counted here, not read from the optimizer: on JAX reading
-    the model's state in the middle of an epoch copies it back from the
-    training loop (``Callback.model`` does), so ``self.model`` is touched
-    only when the state is needed (a stop or a preemption's save).
+    Keras runs whole calls of the model's ``steps_per_execution`` steps, so
+    an epoch (``eval_every_steps`` steps) that the call length does not
+    divide would overrun its evaluation. Before the call that would cross an
+    evaluation or ``max_steps``, this callback hands Keras a training
+    function of just the steps left (built once per length with Keras'
+    ``make_train_function`` and kept), and the full one after it: every
+    evaluation and checkpoint stays on its exact step at any cadence, and
+    all the other calls run :data:`MAX_STEPS_PER_EXECUTION` steps.
+
+    The model is held here rather than read from ``Callback.model``: on JAX
+    that property copies the state back from the training loop at every
+    read, so the state is touched only when it is needed (a stop or a
+    preemption's save).
     """
 
-    def __init__(self, plan, meter, last_checkpoint, steps_per_call=1):
+    def __init__(self, plan, meter, last_checkpoint, model):
         super().__init__()
         self.plan, self.meter, self.last_checkpoint = plan, meter, last_checkpoint
-        self.steps_per_call = steps_per_call
+        self.trained = model
+        self.full = model.steps_per_execution
         self.agreement = (preemption.StopAgreement(plan.preemption, plan.strategy)
                           if plan.preemption is not None else None)
-        self.step = 0
+        self.functions = {}
+        self.step = self.call = 0
 
     def on_train_begin(self, logs=None):
         self.step = _step(self.model)
+        # fit has made (or kept) the full-length function by now.
+        self.functions.setdefault(self.full, self.trained.train_function)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        plan = self.plan
+        every = plan.eval_every_steps
+        boundary = min((self.step // every + 1) * every, plan.max_steps)
+        self.call = max(1, min(self.full, boundary - self.step))
+        if self.call != self.full:
+            self._use(self.call)
 
     def on_train_batch_end(self, batch, logs=None):
         # Keras calls this once per call of its training function.
-        self.step += self.steps_per_call
-        # Keras has made the logs Python numbers already: checking every step is free.
+        self.step += self.call
+        if self.call != self.full:
+            # Evaluations and the next epoch's iterator read the full length.
+            self._use(self.full)
+        # Keras has made the logs Python numbers already: checking every call is free.
         loss = self._finite_loss(logs)
         plan = self.plan
-        if (self.meter.first is None or self.step % self.meter.every_steps == 0
-                or self.step >= plan.max_steps):
-            self.meter.update(self.step, loss)
+        # The meter writes a line each time a multiple of its steps is passed.
+        self.meter.update(self.step, loss)
         if self.agreement is not None and self.agreement.stop_after(self.step):
             _save(self.model, plan, self.step)
             raise plan.preemption.stopped(self.step, by_chief=not plan.chief)
         if self.step >= plan.max_steps:
             self.model.stop_training = True
+
+    def _use(self, steps):
+        """Makes Keras' next calls run ``steps`` steps each."""
+        model = self.trained
+        model.steps_per_execution = steps
+        function = self.functions.get(steps)
+        if function is None:
+            # Traced at its first call, while steps_per_execution says ``steps``.
+            model.make_train_function(force=True)
+            function = self.functions[steps] = model.train_function
+        model.train_function = function
 
     def on_epoch_end(self, epoch, logs=None):
         # The epoch's mean loss, before its checkpoint is written.
@@ -182,18 +216,6 @@ def _training_scope(strategy):
     if isinstance(strategy, DataParallelProcesses):
         return strategy.scope()
     return contextlib.nullcontext()
-
-
-def steps_per_execution(plan, step=0):
-    """Training steps per call of Keras' compiled function for a run of
-    ``plan`` that starts at ``step``: the largest number up to
-    :data:`MAX_STEPS_PER_EXECUTION` that divides every count the engine
-    acts on (progress lines, evaluations, ``max_steps``, the resumed step),
-    so that each of them ends a call and ``max_steps`` stays exact (Keras
-    runs whole calls). Evaluations end with their data (:func:`_eval_data`)."""
-    counts = [plan.eval_every_steps, plan.log_every_steps, plan.max_steps, step]
-    common = math.gcd(*(int(c) for c in counts))
-    return max(d for d in range(1, MAX_STEPS_PER_EXECUTION + 1) if common % d == 0)
 
 
 def compile_for_keras3(plan, steps_per_call=1):
@@ -328,11 +350,8 @@ def _fit(plan):
         # Initial weights and dropout; the runner passes a seed that differs
         # after a restart (base.run_seed), so a resumed run draws anew.
         keras.utils.set_random_seed(int(seed))
-    start = checkpoint_step(latest or other) if latest or other else 0
-    # A step unknown until restored: 1 makes one step per call.
-    steps_per_call = steps_per_execution(plan, 1 if start is None else start)
     with _scope(plan.strategy):
-        model = compile_for_keras3(plan, steps_per_call)
+        model = compile_for_keras3(plan, MAX_STEPS_PER_EXECUTION)
         step = 0
         if latest or other:
             step = restore(model, latest or other)
@@ -357,7 +376,7 @@ def _fit(plan):
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
                                plan.max_steps)
     evaluations = Evaluations(plan, saved)
-    steps = TrainingSteps(plan, meter, lambda: evaluations.saved, steps_per_call)
+    steps = TrainingSteps(plan, meter, lambda: evaluations.saved, model)
     train_data, eval_data = _datasets(plan, model)
     every = plan.eval_every_steps
     fit = dict(validation_data=eval_data,
