@@ -10,15 +10,22 @@ reads them with ``tf.train.load_checkpoint`` and assigns each value to the
 Keras 3 variable at the same place, on either backend: the N-th layer with
 weights, matched within the layer by weight name and shape.
 
-Only the weights move: the optimizer's slots (Adam's moments) are not
-carried over, the step is. The reverse, a Keras 2 engine on a keras3 model
-dir, is refused by :func:`estimator_keras.checkpoints.check_not_keras3`.
+The optimizer's state moves too (:func:`restore_optimizer_state`): both
+Keras 2 engines train with ``tf.keras.optimizers.legacy``, whose slots sit
+under each weight's key (``.../kernel/.OPTIMIZER_SLOT/optimizer/m``), and
+each goes to the Keras 3 optimizer's variable for the same weight and the
+same quantity (:data:`SLOTS`). With the step that gives the optimizer's own
+iteration count, the first update on Keras 3 is the one the source engine
+would have made. The reverse, a Keras 2 engine on a keras3 model dir, is
+refused by :func:`estimator_keras.checkpoints.check_not_keras3`.
 
 Example::
 
-    model = build_model()                      # Keras 3
+    model = build_model()                      # Keras 3, compiled
     step = restore_tf_checkpoint(model, tf.train.latest_checkpoint(model_dir))
-    model.optimizer.iterations.assign(step)    # after compile
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(step)
+    restore_optimizer_state(model, tf.train.latest_checkpoint(model_dir))
 """
 
 import tensorflow as tf
@@ -27,6 +34,21 @@ from estimator_keras import checkpoints
 from estimator_keras.errors import CheckpointMismatchError, ModelDirError
 
 _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+_SLOT = "/.OPTIMIZER_SLOT/optimizer/"
+
+# Keras 3 optimizer class -> {legacy Keras 2 slot name: the suffix of Keras
+# 3's variable for the same quantity} (Keras 3 names a slot
+# ``<weight path with _>_<suffix>``). Nadam is left out: its momentum
+# schedule's running product has no named variable in Keras 3.
+SLOTS = {
+    "Adam": {"m": "momentum", "v": "velocity", "vhat": "velocity_hat"},
+    "Adamax": {"m": "momentum", "v": "norm"},
+    "RMSprop": {"rms": "velocity", "momentum": "momentum", "mg": "average_gradient"},
+    "Adagrad": {"accumulator": "accumulator"},
+    "Adadelta": {"accum_grad": "accumulated_grad", "accum_var": "accumulated_delta_var"},
+    "Ftrl": {"accumulator": "accumulator", "linear": "linear"},
+    "SGD": {"momentum": "momentum"},
+}
 
 
 def restore_tf_checkpoint(model, checkpoint_path):
@@ -42,6 +64,48 @@ def restore_tf_checkpoint(model, checkpoint_path):
     for variable, key in matched:
         variable.assign(reader.get_tensor(key + _VALUE).astype(_numpy_dtype(variable)))
     return int(checkpoints.checkpoint_step(checkpoint_path) or 0)
+
+
+def restore_optimizer_state(model, checkpoint_path):
+    """Assigns the optimizer slots of an estimator or keras engine
+    checkpoint to the built optimizer of the compiled Keras 3 ``model``
+    (weights restored first, with :func:`restore_tf_checkpoint`).
+
+    Returns None when every slot the Keras 3 optimizer keeps was carried;
+    otherwise assigns none of them and returns a sentence saying why (an
+    optimizer without a mapping, or slots the checkpoint lacks: it was
+    trained with another optimizer).
+    """
+    checkpoint_path, reader, matched = _plan(model, checkpoint_path)
+    optimizer = model.optimizer
+    kind = type(optimizer).__name__
+    names = SLOTS.get(kind)
+    if names is None:
+        return f"the {kind} optimizer's state has no mapping from Keras 2"
+    kept = {variable.name: variable for variable in optimizer.variables}
+    have = reader.get_variable_to_shape_map()
+    trainable = {id(variable) for variable in model.trainable_variables}
+    pairs, missing = [], []
+    for variable, key in matched:
+        if id(variable) not in trainable:
+            continue
+        prefix = str(variable.path).replace("/", "_")
+        for old, new in names.items():
+            slot = kept.get(f"{prefix}_{new}")
+            if slot is None:
+                # A slot this optimizer's settings do not use (amsgrad, momentum 0).
+                continue
+            slot_key = key + _SLOT + old + _VALUE
+            if slot_key in have and tuple(have[slot_key]) == tuple(slot.shape):
+                pairs.append((slot, slot_key))
+            else:
+                missing.append(slot_key)
+    if missing:
+        return (f"checkpoint {checkpoint_path} lacks {len(missing)} of the {kind} optimizer's "
+                f"slots (was it trained with another optimizer?), e.g. {missing[0]}")
+    for slot, slot_key in pairs:
+        slot.assign(reader.get_tensor(slot_key).astype(_numpy_dtype(slot)))
+    return None
 
 
 def check_tf_checkpoint(model, checkpoint_path):

@@ -101,6 +101,90 @@ _RESTORE = textwrap.dedent("""
     print(json.dumps(result))
 """)
 
+# One example sixteen times: every batch of 16 is the same batch, so the
+# source engine's next step and keras3's first step see the same gradient.
+_NEXT_PLAN = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from estimator_keras import inputs, records
+    from estimator_keras.engines import base
+
+    def data(out):
+        folder = os.path.join(out, "data")
+        if not os.path.exists(folder):
+            x = np.tile(np.random.default_rng(3).standard_normal((1, 4)), (16, 1))
+            split = {"x": x.astype(np.float32), "label": np.ones(16, np.int64)}
+            records.write_dataset({"train": split, "test": split}, folder,
+                                  num_shards={"train": 1, "test": 1}, progress=False)
+        return folder
+
+    def plan(keras, out, model_dir, max_steps, logs):
+        def build():
+            x = keras.Input((4,), name="x")
+            hidden = keras.layers.Dense(8, activation="relu")(x)
+            return keras.Model({"x": x}, keras.layers.Dense(3, activation="softmax")(hidden))
+        folder = data(out)
+        return base.TrainingPlan(
+            model_dir=model_dir, build_model=build, loss="sparse_categorical_crossentropy",
+            metrics=lambda: ["accuracy"], optimizer="adam", learning_rate=0.01,
+            train_data=inputs.make_input_fn(folder, 16, training=True),
+            eval_data=inputs.make_input_fn(folder, 16, training=False),
+            max_steps=max_steps, eval_every_steps=3, seed=1, log_every_steps=1000,
+            hooks=base.TrainingHooks(logs.append, lambda *a: None))
+""")
+
+_NEXT_SOURCE = _NEXT_PLAN + textwrap.dedent("""
+    import json, shutil
+    from estimator_keras import engines
+    engines.prefer_legacy_keras()
+    import tensorflow as tf
+    from estimator_keras import checkpoints
+
+    engine_name, out = sys.argv[1], sys.argv[2]
+    engine = engines.get_engine(engine_name)
+    run_dir, moved = os.path.join(out, "next"), os.path.join(out, "moved")
+    weights = {{}}
+    for name, steps in (("before", {steps}), ("after", {steps} + 1)):
+        engine.train(plan(tf.keras, out, run_dir, steps, []))
+        model = plan(tf.keras, out, run_dir, steps, []).build_model()
+        checkpoints.load_checkpoint_into(model, checkpoints.latest_checkpoint(run_dir))
+        weights[name] = model.get_weights()
+        if name == "before":
+            # A rerun of a finished run: it trains nothing.
+            latest = checkpoints.latest_checkpoint(run_dir)
+            rerun_step = checkpoints.checkpoint_step(latest)
+            shutil.copytree(run_dir, moved)
+            # The Estimator's index of checkpoints holds absolute paths.
+            tf.compat.v1.train.update_checkpoint_state(
+                moved, os.path.join(moved, os.path.basename(latest)))
+    np.savez(os.path.join(out, "source.npz"),
+             *[b for b in weights["before"]], *[a for a in weights["after"]])
+    print(json.dumps({{"moved": moved, "rerun_step": rerun_step}}))
+""").format(steps=MAX_STEPS)
+
+_NEXT_KERAS3 = _NEXT_PLAN + textwrap.dedent("""
+    import json
+    import keras
+    from estimator_keras.engines import keras3
+
+    out, moved = sys.argv[1], sys.argv[2]
+    logs = []
+    result = keras3.Keras3Engine().train(plan(keras, out, moved, {steps} + 1, logs))
+    source = np.load(os.path.join(out, "source.npz"))
+    arrays = [source[k] for k in sorted(source.files, key=lambda k: int(k.split("_")[1]))]
+    half = len(arrays) // 2
+    before, after = arrays[:half], arrays[half:]
+    moved_after = result.model.get_weights()
+    print(json.dumps({{
+        "step": result.global_step,
+        "source_update": max(float(np.abs(a - b).max()) for a, b in zip(after, before)),
+        "keras3_update": max(float(np.abs(m - b).max()) for m, b in zip(moved_after, before)),
+        "difference": max(float(np.abs((m - b) - (a - b)).max())
+                          for m, a, b in zip(moved_after, after, before)),
+        "logs": logs}}))
+""").format(steps=MAX_STEPS)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """writer engine -> (its output folder, what its child printed)."""
@@ -119,7 +203,7 @@ def test_a_keras2_engine_checkpoint_continues_on_keras3(trained, writer, reader)
     interpreter(reader)
     result = json.loads(run(reader, _RESTORE, out).splitlines()[-1])
     assert result["step"] == MAX_STEPS
-    assert result["difference"] < 1e-5, result
+    assert result["difference"] < 1e-5, json.dumps(result)
     # The first Dense of the builder has other units: named by checkpoint
     # key and layer, with both shapes; nothing assigned.
     refused = result["refused"]
@@ -145,3 +229,30 @@ def test_the_keras2_engines_refuse_a_keras3_model_dir(trained, writer):
         assert os.path.join("keras3-run", "export", "weights.h5") in message
     # Nothing written beside them.
     assert written["keras3_dir"] == ["ckpt-12.weights.h5", "ckpt-4.weights.h5"]
+
+
+@pytest.fixture(scope="module")
+def next_step(tmp_path_factory):
+    """writer engine -> (its output folder, {moved: the moved model dir,
+    rerun_step: the step after a rerun of the finished run})."""
+    def train(engine):
+        out = tmp_path_factory.mktemp(f"next-{engine}")
+        return out, json.loads(run(engine, _NEXT_SOURCE, engine, out).splitlines()[-1])
+
+    return once_per_pair(train)
+
+
+@pytest.mark.parametrize("reader", ["keras3-tensorflow", "keras3-jax"])
+@pytest.mark.parametrize("writer", ["estimator", "keras"])
+def test_the_first_keras3_step_after_a_move_is_the_source_engines_next_step(
+        next_step, writer, reader):
+    out, written = next_step(writer)
+    assert written["rerun_step"] == MAX_STEPS, written
+    interpreter(reader)
+    result = json.loads(run(reader, _NEXT_KERAS3, out, written["moved"]).splitlines()[-1])
+    assert result["step"] == MAX_STEPS + 1, result
+    # Adam's moments came along: the same update, not a sign-like step of
+    # several times the learning rate from zeroed moments.
+    assert result["source_update"] > 1e-4, result
+    assert result["difference"] < 1e-5, json.dumps(result)
+    assert not any("zero state" in line for line in result["logs"]), result["logs"]

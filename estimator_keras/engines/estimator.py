@@ -470,6 +470,9 @@ class EstimatorEngine(base.TFCheckpointEngine):
 
     def train(self, plan):
         checkpoints.check_not_keras3(plan.model_dir, self.name)
+        finished = self._finished(plan)
+        if finished is not None:
+            return finished
         # A summary dir of its own (Vertex AI's) gets the summaries as they are
         # written; the Estimator's eval summaries stay in the model dir too,
         # where early stopping reads them.
@@ -505,6 +508,22 @@ class EstimatorEngine(base.TFCheckpointEngine):
             preemption=plan.preemption, chief=plan.chief,
             stop_with_chief=plan.strategy is not None and not plan.chief)
         step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
+        return base.RunResult(None, metrics, step, None)
+
+    def _finished(self, plan):
+        """The evaluation of a one-process run already at ``max_steps``
+        (a RunResult), else None. tf.estimator skips a finished run by the
+        checkpoint's ``global_step``, which the Estimator of a Keras model
+        saves as ``estimator_global_step``: it would train one step more."""
+        resolver = getattr(plan.strategy, "cluster_resolver", None)
+        if resolver is not None and resolver.cluster_spec().jobs:
+            return None
+        latest = tf.train.latest_checkpoint(plan.model_dir)
+        step = checkpoints.checkpoint_step(latest) if latest else None
+        if step is None or step < plan.max_steps:
+            return None
+        metrics = self.evaluate(plan, latest)
+        plan.hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
         return base.RunResult(None, metrics, step, None)
 
     def evaluate(self, plan, checkpoint):

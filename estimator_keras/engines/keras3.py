@@ -20,8 +20,8 @@ It keeps the other engines' contract:
 - a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
   preemption), optimizer state included; a finished run trains nothing and
   reports its evaluation; a model dir that holds only a TensorFlow checkpoint
-  of the estimator or keras engine continues at its step
-  (:func:`estimator_keras.keras3_migration.restore_tf_checkpoint`);
+  of the estimator or keras engine continues at its step, with its
+  optimizer's slots (:mod:`estimator_keras.keras3_migration`);
 - SIGTERM/SIGINT under the plan's PreemptionWatch: a checkpoint of the step
   just taken, then Preempted; a NaN or infinite loss: NumericalError;
 - several processes on the JAX backend (the plan's strategy a
@@ -250,10 +250,11 @@ def checkpoint_step(checkpoint):
     return checkpoints.checkpoint_step(checkpoint)
 
 
-def restore(model, checkpoint):
+def restore(model, checkpoint, log=None):
     """Loads a keras3 checkpoint, or a TensorFlow checkpoint of another
-    engine (weights, and the step into the optimizer), into a compiled
-    model; returns the step."""
+    engine (weights, the step and the optimizer's slots), into a compiled
+    model; returns the step. ``log`` hears what of another engine's
+    optimizer state did not carry over."""
     if ckpts.is_checkpoint(checkpoint):
         return ckpts.restore(model, checkpoint)
     # Another helper's module: imported only where a TF checkpoint is met.
@@ -261,8 +262,11 @@ def restore(model, checkpoint):
     step = int(keras3_migration.restore_tf_checkpoint(model, checkpoint))
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    # The other engine's optimizer state does not carry over; its step does.
     model.optimizer.iterations.assign(step)
+    lost = keras3_migration.restore_optimizer_state(model, checkpoint)
+    if lost and log is not None:
+        log(f"the optimizer starts from zero state at step {step}: {lost}; its first updates "
+            f"follow the gradient's sign more than its size until its averages fill")
     return step
 
 
@@ -354,8 +358,8 @@ def _fit(plan):
         model = compile_for_keras3(plan, MAX_STEPS_PER_EXECUTION)
         step = 0
         if latest or other:
-            step = restore(model, latest or other)
-            how = "" if latest else ", a checkpoint of another engine: weights and step only"
+            step = restore(model, latest or other, hooks.log)
+            how = "" if latest else ", a checkpoint of another engine"
             hooks.log(f"resuming from {latest or other} (step {step}{how})")
         elif not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
