@@ -65,7 +65,9 @@ class TrainConfig:
     eval_every_steps: int = 1000
     """Save a checkpoint and evaluate every this many steps."""
     log_every_steps: int = 200
-    """Log loss, steps/s and examples/s every this many steps."""
+    """Log loss, steps/s and examples/s every this many steps (on the keras3
+    engine, at the end of the call of up to 8 steps that passes each
+    multiple: evaluations keep their exact steps, progress lines may not)."""
     optimizer: str = "adam"
     """Optimizer name (a legacy Keras optimizer, as tf.estimator needs)."""
     learning_rate: float = 1e-3

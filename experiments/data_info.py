@@ -51,6 +51,12 @@ class DataInfo:
     def input_shape(self):
         return tuple(self.inputs[self.input_name]["shape"])
 
+    @property
+    def input_dtype(self):
+        """The dtype the records store for the only input ("uint8",
+        "float32"...), or None where the description has none."""
+        return self.inputs[self.input_name].get("dtype")
+
     def to_dict(self):
         return dataclasses.asdict(self)
 

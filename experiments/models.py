@@ -16,7 +16,27 @@ TensorFlow is imported inside each builder: the experiment modules that name
 these builders are imported to list experiments, which needs no TensorFlow.
 """
 
+import logging
+
 from estimator_keras.errors import ConfigError
+
+logger = logging.getLogger("experiments")
+_SAID = set()
+
+
+def _say_once(message):
+    """A builder runs several times a run (training, evaluation, export):
+    what it chose is said the first time."""
+    if message not in _SAID:
+        _SAID.add(message)
+        logger.info(message)
+
+
+def _is_float(data):
+    """Whether the dataset stores its input as floats (a description
+    without dtypes, or none: integer pixels, as Fashion-MNIST's)."""
+    dtype = str(getattr(data, "input_dtype", None) or "")
+    return dtype.startswith(("float", "bfloat"))
 
 
 def _input(tf, data, default_shape):
@@ -78,23 +98,32 @@ def seed_mlp(hparams, data=None):
 def image_classifier(hparams, data=None):
     """A classifier sized from its input.
 
-    Images (height x width x channels, or height x width): a small conv net,
-    blocks of two 3x3 convolutions and a 2x2 max-pool, filters doubling,
-    until the feature map is about 8 pixels across (2 blocks for 28x28, 5
-    for 224x224; ``blocks`` overrides), then global average pooling, dropout
-    and a softmax.
+    The dataset's dtype decides what the input is. Integer images (height
+    x width x channels, or height x width: pixels 0-255): a small conv net
+    on the pixels scaled by 1/255, blocks of two 3x3 convolutions and a 2x2
+    max-pool, filters doubling, until the feature map is about 8 pixels
+    across (2 blocks for 28x28, 5 for 224x224; ``blocks`` overrides), then
+    global average pooling, dropout and a softmax. Float values of height x
+    width x channels: the same conv net on the values batch-normalized
+    (their scale is unknown).
 
     Vectors (one number or a list per example, e.g. float features from
-    ``prepare tfrecords --features``): an MLP, batch normalization of the raw
-    values (they have no known scale, unlike pixels), then ``blocks`` (default
-    2) Dense layers of ``4 * filters`` units with dropout, and a softmax.
+    ``prepare tfrecords --features``), and float matrices (height x width
+    with no channel axis: features, not a grey image), flattened: an MLP,
+    batch normalization of the raw values (they have no known scale, unlike
+    pixels), then ``blocks`` (default 2) Dense layers of ``4 * filters``
+    units with dropout, and a softmax. The choice is logged once.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
 
     layers = tf.keras.layers
     inputs = _input(tf, data, (28, 28, 1))
     rank = len(inputs.shape) - 1
-    if rank <= 1:
+    floats = _is_float(data)
+    what = (f"input {inputs.name!r} of shape {list(inputs.shape[1:])}, "
+            f"{'float' if floats else 'integer'} values")
+    if rank <= 1 or (rank == 2 and floats):
+        _say_once(f"image_classifier: an MLP on the {what}, flattened and batch-normalized")
         return _vector_classifier(tf, inputs, hparams, data)
     if rank > 3:
         raise ConfigError(
@@ -104,7 +133,10 @@ def image_classifier(hparams, data=None):
             f"(see `python -m experiments --module`).")
     size = min(inputs.shape[1], inputs.shape[2])
     blocks = hparams.get("blocks") or max(1, min(5, (size // 8).bit_length()))
-    x = layers.Rescaling(1.0 / 255)(inputs)
+    count = f"{int(blocks)} block" + ("s" if int(blocks) != 1 else "")
+    _say_once(f"image_classifier: a conv net of {count} on the {what}, "
+              + ("batch-normalized" if floats else "pixels scaled by 1/255"))
+    x = layers.BatchNormalization()(inputs) if floats else layers.Rescaling(1.0 / 255)(inputs)
     if rank == 2:  # a grey image stored without its channel axis
         x = layers.Reshape((*inputs.shape[1:], 1))(x)
     for block in range(int(blocks)):
@@ -121,8 +153,10 @@ def image_classifier(hparams, data=None):
 
 def _vector_classifier(tf, inputs, hparams, data):
     layers = tf.keras.layers
-    # A scalar feature is a vector of one.
+    # A scalar feature is a vector of one; a matrix of features is flattened.
     x = layers.Reshape((1,))(inputs) if len(inputs.shape) == 1 else inputs
+    if len(inputs.shape) > 2:
+        x = layers.Flatten()(x)
     x = layers.BatchNormalization()(x)
     for _ in range(int(hparams.get("blocks") or 2)):
         x = layers.Dense(4 * hparams.get("filters", 32), activation="relu")(x)

@@ -1,9 +1,10 @@
 """One process of a JAX process group, for tests/test_jax_cluster.py: trains
 a small model with the keras3 engine on generated data, each process on its
 own share, and writes what it saw to OUT/process-<rank>.npz: its final
-weights, the step, the ids of the examples its pipeline handed out, and
+weights, the step, the ids of the examples its pipeline handed out,
 (process 0) how many examples the training steps computed on, from a
-metric that counts the global batch.
+metric that counts the global batch, and every file or folder Python code
+created for writing while it trained (an audit hook).
 
     KERAS_BACKEND=jax TF_CONFIG=... python tests/jax_child.py MODEL_DIR OUT STEPS
 
@@ -21,6 +22,30 @@ from estimator_keras.engines import base
 BATCH = 8
 EXAMPLES = 512
 FEATURES = 6
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+
+
+class Writes:
+    """The paths that ``open``, ``os.open`` and ``tempfile.mkdtemp`` were
+    asked to create or write while ``recording`` (Python's audit events;
+    a hook cannot be removed, so it stays and is switched off)."""
+
+    def __init__(self):
+        self.paths, self.recording = [], False
+        sys.addaudithook(self._hear)
+
+    def _hear(self, event, args):
+        if not self.recording:
+            return
+        if event == "tempfile.mkdtemp":
+            self.paths.append(str(args[0]))
+        elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            mode, flags = args[1], args[2]
+            if (isinstance(mode, str) and set(mode) & set("wax+")) or (
+                    mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS):
+                self.paths.append(os.fsdecode(args[0]))
 
 
 def main(model_dir, out, steps):
@@ -66,7 +91,10 @@ def main(model_dir, out, steps):
         metrics=lambda: ["accuracy", ExamplesSeen()], train_data=train_data, eval_data=eval_data,
         max_steps=steps, eval_every_steps=steps, batch_size=BATCH, seed=3,
         strategy=distribution, chief=group.is_writer)
+    writes = Writes()
+    writes.recording = True
     result = engines.get_engine("keras3").train(plan)
+    writes.recording = False
     weights = result.model.get_weights()
     # The chief's training scalars: examples per epoch, as the model saw them.
     counted = -1.0
@@ -78,6 +106,7 @@ def main(model_dir, out, steps):
                         counted = float(tf.make_ndarray(value.tensor))
     np.savez(os.path.join(out, f"process-{rank}.npz"), step=result.global_step,
              seen=np.asarray(sorted(seen), "int64"), processes=processes, counted=counted,
+             files_written=np.asarray(writes.paths, dtype=str),
              **{f"w{i}": w for i, w in enumerate(weights)})
 
 

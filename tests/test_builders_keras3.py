@@ -19,7 +19,7 @@ from test_your_data import readme_block
 # Tiny shapes: the point is that each builder builds, trains a step and
 # predicts the right shape, not what it learns.
 CHILD = r"""
-import json, sys
+import json, logging, sys
 import numpy as np
 import tensorflow as tf
 import keras
@@ -47,6 +47,10 @@ cases = {
                          data((16, 16, 3), 4), None),
     "image_classifier_grey_2d": (models.image_classifier, {"filters": 2},
                                  data((8, 8), 2), None),
+    "image_classifier_float_2d": (models.image_classifier, {"filters": 2},
+                                  data((8, 8), 2, "float32"), None),
+    "image_classifier_float_image": (models.image_classifier, {"filters": 2},
+                                     data((8, 8, 3), 2, "float32"), None),
     "image_classifier_vector": (models.image_classifier, {"filters": 2},
                                 data((5,), 3, "float32"), None),
     "image_classifier_scalar": (models.image_classifier, {"filters": 2},
@@ -57,6 +61,11 @@ cases = {
                          data((8, 8, 1), 2), None),
 }
 out = {"keras": keras.__version__, "backend": keras.backend.backend()}
+said = []
+handler = logging.Handler()
+handler.emit = lambda record: said.append(record.getMessage())
+logging.getLogger("experiments").addHandler(handler)
+logging.getLogger("experiments").setLevel(logging.INFO)
 
 # The default experiment as the runner builds it: its plan's model in
 # mixed_bfloat16 (what precision "auto" picks on most CPUs), compiled with its
@@ -81,7 +90,9 @@ out["plan"] = {"loss": float(loss), "shape": list(pred.shape), "dtype": str(pred
                "conv": next(l for l in model.layers if "Conv" in type(l).__name__).compute_dtype}
 for name, (build, hparams, info, experiment) in cases.items():
     keras.utils.set_random_seed(0)
+    del said[:]
     model = build(hparams, info)
+    build(hparams, info)  # built again: said once
     # How the input pipeline's features are matched to the model's inputs.
     model_inputs.check_feature_keys(model, [info.input_name])
     metrics = (registry.get(experiment).make_metrics(info) if experiment else ["accuracy"])
@@ -94,7 +105,9 @@ for name, (build, hparams, info, experiment) in cases.items():
     pred = np.asarray(model.predict(x, verbose=0))
     out[name] = {"loss": float(loss), "shape": list(pred.shape),
                  "sums": float(np.abs(pred.sum(axis=-1) - 1).max()),
-                 "class": type(model).__module__.split(".")[0]}
+                 "class": type(model).__module__.split(".")[0],
+                 "layers": sorted({type(layer).__name__ for layer in model.layers}),
+                 "said": list(said)}
 print(json.dumps(out))
 """
 
@@ -113,7 +126,8 @@ def test_builders_train_a_batch_under_keras3(backend):
     assert plan.pop("conv") == "bfloat16" and plan.pop("dtype") == "float32", plan
     found["plan"] = plan
     expected = {"plan": [4, 3], "seed_cnn": [4, 3], "seed_mlp": [4, 3], "image_classifier": [4, 4],
-                "image_classifier_grey_2d": [4, 2], "image_classifier_vector": [4, 3],
+                "image_classifier_grey_2d": [4, 2], "image_classifier_float_2d": [4, 2],
+                "image_classifier_float_image": [4, 2], "image_classifier_vector": [4, 3],
                 "image_classifier_scalar": [4, 2], "image_segmenter": [4, 16, 16, 3],
                 "readme_small_cnn": [4, 2]}
     assert {name: r["shape"] for name, r in found.items()} == expected
@@ -121,3 +135,17 @@ def test_builders_train_a_batch_under_keras3(backend):
         assert result["class"] == "keras", (name, result)  # a Keras 3 model, not tf_keras
         assert result["loss"] > 0 and result["loss"] < 100, (name, result)
         assert result["sums"] < 1e-4, (name, result)  # softmax outputs
+    # image_classifier decides by the dataset's dtype, and says which model it built.
+    layers = {name: set(r["layers"]) for name, r in found.items() if "layers" in r}
+    assert {"Rescaling", "Conv2D", "Reshape"} <= layers["image_classifier_grey_2d"]
+    assert "Conv2D" not in layers["image_classifier_float_2d"]
+    assert "Rescaling" not in layers["image_classifier_float_2d"]
+    assert {"Flatten", "BatchNormalization", "Dense"} <= layers["image_classifier_float_2d"]
+    assert {"Conv2D", "BatchNormalization"} <= layers["image_classifier_float_image"]
+    assert "Rescaling" not in layers["image_classifier_float_image"]
+    assert found["image_classifier_float_2d"]["said"] == [
+        "image_classifier: an MLP on the input 'image' of shape [8, 8], float values, "
+        "flattened and batch-normalized"]
+    assert found["image_classifier_grey_2d"]["said"] == [
+        "image_classifier: a conv net of 1 block on the input 'image' of shape [8, 8], "
+        "integer values, pixels scaled by 1/255"]

@@ -488,3 +488,19 @@ def test_sigterm_to_the_chief_or_the_launcher_keeps_the_step(data_dir, tmp_path,
         again.assert_nothing_left()
     assert f"resuming from {model_dir}/model.ckpt-{saved}" in again.log("chief-0")
     assert _global_step(str(model_dir))[0] == saved + 20
+
+
+@needs_estimator
+def test_a_chief_that_never_writes_the_initial_weights_is_a_model_dir_error(tmp_path,
+                                                                            monkeypatch):
+    """A worker waits for the chief's initial weights in the shared model
+    dir; their absence is the model dir's fault (not shared, or another
+    one), not the data's: ModelDirError, which names the dir."""
+    from estimator_keras.engines import estimator  # pylint: disable=import-outside-toplevel
+    from estimator_keras.errors import DataError, ModelDirError  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(estimator, "CHIEF_WAIT_SECS", 0)
+    logged = []
+    with pytest.raises(ModelDirError, match="did not write the initial weights") as caught:
+        estimator._wait_for_warm_start(str(tmp_path), logged.append)
+    assert not isinstance(caught.value, DataError)
+    assert str(tmp_path / "keras") in str(caught.value)

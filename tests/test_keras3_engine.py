@@ -122,6 +122,16 @@ def test_full_calls_of_steps_at_a_cadence_they_do_not_divide(scenarios):
     # A line at the call that passes a multiple of 8; the first call (to 8)
     # holds the tracing: lines start after it.
     assert progress[:2] == ["step 20/30", "step 24/30"], run["logs"]
+    # The calls' lengths for other windows: as many calls as Keras makes
+    # (whole calls of 8), summing to the window, one shorter length at most.
+    for steps, lengths in run["lengths"].items():
+        steps = int(steps)
+        assert sum(lengths) == steps and len(lengths) == -(-steps // 8), (steps, lengths)
+        assert len(set(lengths) - {8}) <= 1, (steps, lengths)
+    assert run["lengths"]["2001"] == [8] * 244 + [7] * 7
+    assert run["lengths"]["469"] == [8] * 56 + [7] * 3
+    assert run["lengths"]["55"] == [8] * 6 + [7]
+    assert run["lengths"]["12"] == [8, 4]
     # Resumed at 30, which is not on the cadence: 6 steps to 36.
     assert run["longer_step"] == run["longer_iterations"] == 36
     assert run["longer_evaluated"] == [36]
@@ -206,7 +216,9 @@ def test_mixed_bfloat16_computes_in_bfloat16_with_a_float32_softmax(scenarios):
 
 def test_nan_loss_stops_with_the_last_good_checkpoint(scenarios):
     error = scenarios["nan"]["error"]
-    assert error and "step 1:" in error and "NaN or infinite" in error
+    # Seen at the end of the first call of Keras' training function: 5 steps
+    # (the first evaluation's window), every one of them NaN.
+    assert error and "step 5:" in error and "NaN or infinite" in error
     assert "ckpt-0.weights.h5" in error
 
 

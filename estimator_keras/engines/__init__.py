@@ -305,11 +305,6 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None,
         spec.check(workers, strategy, environ)
 
 
-def check_keras_cluster(ps=None, evaluator=None):
-    """:func:`check_cluster` for the keras engine."""
-    check_cluster("keras", ps=ps, evaluator=evaluator)
-
-
 def cluster_info(engine, environ=os.environ):
     """(this task's ClusterInfo, its process group or None) for ``engine``:
     TF_CONFIG's cluster, or the group of processes the engine trains with

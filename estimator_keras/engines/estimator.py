@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from estimator_keras import checkpoints, export, io, memory, model_inputs, summaries
 from estimator_keras.engines import base, optimizers
-from estimator_keras.errors import DataError, UsageError
+from estimator_keras.errors import ModelDirError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -516,7 +516,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
         checkpoint's ``global_step``, which the Estimator of a Keras model
         saves as ``estimator_global_step``: it would train one step more."""
         resolver = getattr(plan.strategy, "cluster_resolver", None)
-        if resolver is not None and resolver.cluster_spec().jobs:
+        if not plan.chief or (resolver is not None and resolver.cluster_spec().jobs):
             return None
         latest = tf.train.latest_checkpoint(plan.model_dir)
         step = checkpoints.checkpoint_step(latest) if latest else None
@@ -552,7 +552,7 @@ def _wait_for_warm_start(model_dir, log):
     waited = False
     while not tf.train.latest_checkpoint(keras_dir):
         if time.monotonic() > deadline:
-            raise DataError(f"the chief did not write the initial weights to {keras_dir} "
+            raise ModelDirError(f"the chief did not write the initial weights to {keras_dir} "
                             f"within {CHIEF_WAIT_SECS} s; is the chief task running with the "
                             f"same --model-dir?")
         if not waited:

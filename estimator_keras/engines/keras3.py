@@ -27,8 +27,8 @@ It keeps the other engines' contract:
 - several processes on the JAX backend (the plan's strategy a
   :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`):
   fit runs in its scope, each process on its own share of the training data;
-  saving is collective there, so every process saves and only the chief
-  keeps the file; the processes agree on the step a preemption stops at.
+  the chief alone writes the checkpoints; the processes agree on the step a
+  preemption stops at.
 
 Example::
 
@@ -37,6 +37,7 @@ Example::
     print(result.metrics, result.global_step)
 """
 
+import collections
 import contextlib
 import importlib.util
 import math
@@ -71,12 +72,14 @@ class TrainingSteps(keras.callbacks.Callback):
 
     Keras runs whole calls of the model's ``steps_per_execution`` steps, so
     an epoch (``eval_every_steps`` steps) that the call length does not
-    divide would overrun its evaluation. Before the call that would cross an
-    evaluation or ``max_steps``, this callback hands Keras a training
-    function of just the steps left (built once per length with Keras'
-    ``make_train_function`` and kept), and the full one after it: every
-    evaluation and checkpoint stays on its exact step at any cadence, and
-    all the other calls run :data:`MAX_STEPS_PER_EXECUTION` steps.
+    divide would overrun its evaluation. At each epoch's start this callback
+    plans its calls (:func:`call_lengths`) so that they end exactly at the
+    next evaluation or ``max_steps`` in as many calls as Keras makes, and
+    before a shorter call it hands Keras a training function of that length
+    (built once per length with Keras' ``make_train_function`` and kept),
+    the full one after it. Every evaluation and checkpoint stays on its
+    exact step at any cadence, and the calls run
+    :data:`MAX_STEPS_PER_EXECUTION` steps, or one fewer.
 
     The model is held here rather than read from ``Callback.model``: on JAX
     that property copies the state back from the training loop at every
@@ -92,18 +95,41 @@ class TrainingSteps(keras.callbacks.Callback):
         self.agreement = (preemption.StopAgreement(plan.preemption, plan.strategy)
                           if plan.preemption is not None else None)
         self.functions = {}
+        self.calls = collections.deque()
         self.step = self.call = 0
 
     def on_train_begin(self, logs=None):
         self.step = _step(self.model)
-        # fit has made (or kept) the full-length function by now.
+        # fit has made (or kept) the full-length function by now. The others
+        # are made here too, while the model still holds its variables (on
+        # JAX, fit takes them out of the model once its first call starts).
         self.functions.setdefault(self.full, self.trained.train_function)
+        for steps in sorted(self._lengths() - set(self.functions)):
+            self._use(steps)
+        self._use(self.full)
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def _lengths(self):
+        """Every call length the rest of the run takes (see call_lengths)."""
+        every, last = self.plan.eval_every_steps, self.plan.max_steps
+        if self.step >= last:
+            return set()
+        # The epochs: one up to the next multiple, whole ones, a last short one.
+        first = min((self.step // every + 1) * every, last) - self.step
+        whole, tail = divmod(last - self.step - first, every)
+        lengths = set()
+        for steps in (first, every if whole else 0, tail):
+            if steps:
+                lengths.update(call_lengths(steps, self.full))
+        return lengths
+
+    def on_epoch_begin(self, epoch, logs=None):
         plan = self.plan
         every = plan.eval_every_steps
         boundary = min((self.step // every + 1) * every, plan.max_steps)
-        self.call = max(1, min(self.full, boundary - self.step))
+        self.calls = collections.deque(call_lengths(boundary - self.step, self.full))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.call = self.calls.popleft() if self.calls else self.full
         if self.call != self.full:
             self._use(self.call)
 
@@ -191,15 +217,36 @@ class Evaluations(keras.callbacks.Callback):
             writer.close()
 
 
+def call_lengths(steps, full):
+    """The steps of each call that trains ``steps`` steps in as many calls as
+    Keras makes for them (whole calls of ``full``: ``ceil(steps / full)``).
+    Calls one step shorter than ``full`` absorb the remainder where there
+    are enough of them, so that a run's shorter calls share one length (one
+    more traced function, not one per remainder); else one short last call.
+
+    Example::
+
+        call_lengths(2001, 8)   # 244 calls of 8, then 7 of 7: 251 calls
+        call_lengths(12, 8)     # [8, 4]
+    """
+    whole, left = divmod(int(steps), int(full))
+    if not left:
+        return [full] * whole
+    if full > 1 and whole >= full - 1 - left:
+        longer = whole + left - (full - 1)
+        return [full] * longer + [full - 1] * (whole + 1 - longer)
+    return [full] * whole + [left]
+
+
 def _save(model, plan, step):
-    """The checkpoint of ``step``, written by the chief (its path; None
-    elsewhere). Saving weights is collective on several JAX processes (every
-    process takes part), so there the others save too and keep nothing."""
-    if plan.chief:
+    """The checkpoint of ``step``, written by the chief alone (its path; None
+    elsewhere). In a JAX process group the chief saves outside the group's
+    distribution: Keras builds a throwaway variable while saving, and built
+    under the distribution it would wait for the other processes."""
+    if not plan.chief:
+        return None
+    with _alone(plan.strategy):
         return ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max)
-    if isinstance(plan.strategy, DataParallelProcesses):
-        ckpts.save_unkept(model)
-    return None
 
 
 def _alone(strategy):

@@ -158,17 +158,6 @@ def save(model, model_dir, step, keep):
     return path
 
 
-def save_unkept(model):
-    """Saves ``model`` to a temporary file and deletes it: how a process
-    that keeps no checkpoint takes part in a save that is collective (Keras
-    3 on several JAX processes)."""
-    folder = tempfile.mkdtemp(prefix="estimator-keras-unkept-")
-    try:
-        model.save_weights(os.path.join(folder, name_of(0)))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def restore(model, path):
     """Loads a checkpoint into ``model``; a compiled model gets its optimizer
     state too (the optimizer is built first, or Keras would skip it).

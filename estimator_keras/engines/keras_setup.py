@@ -263,11 +263,6 @@ def _keras_class(obj):
     return None, None
 
 
-def keras_generation(obj):
-    """2 for a Keras 2 object, 3 for a Keras 3 one, None for anything else."""
-    return _keras_class(obj)[0]
-
-
 def _parts(obj, seen):
     """The layers inside ``obj``: its ``layers`` and layers held in its
     public attributes, lists and dicts (where a subclassed model keeps a

@@ -92,10 +92,6 @@ class PreemptionWatch:
         """True once a signal arrived."""
         return self._event.is_set()
 
-    def __call__(self):
-        # TensorFlow's PreemptionCheckpointHandler polls this.
-        return self.requested
-
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
