@@ -66,9 +66,15 @@ def run(settings):
         # This table runs under an interpreter with Keras 3 and TensorFlow 2.16+.
         runner = jax if backend == "jax" else sys.executable
         if runner is None:
+            reason = common.no_jax_reason(settings)
             for every in cadences:
                 rows.append({"name": f"{backend}, --eval-every {every}", "median": None,
-                             "not_measured": common.no_jax_reason(settings)})
+                             "not_measured": reason})
+            target = common.target(f"cadence.{backend}", f"{backend}: median wall s at "
+                                   f"--eval-every {cadences[0]} / at {cadences[1]}", None,
+                                   THRESHOLD, why=reason)
+            target["per_repeat"] = []
+            targets.append(target)
             continue
         samples = {every: [] for every in cadences}
         errors = {}

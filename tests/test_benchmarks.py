@@ -813,3 +813,47 @@ def test_cli_passes_no_accuracy_knobs_to_the_table_child():
     assert args.accuracy_knobs is True
     assert "--no-accuracy-knobs" not in cli._child_args(  # pylint: disable=protected-access
         args, "python", "accuracy", "t.json", "/work", pythons)
+
+
+def test_cadence_table_compares_the_medians_and_alternates(tiny, settings, monkeypatch):
+    from benchmarks import cadence_table  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(common, "jax_python", lambda settings: "/jax/python")
+    # Seconds of each run, in the order each backend's runs come.
+    seconds = {("tensorflow", 200): [10.0, 12.0, 11.0], ("tensorflow", 201): [11.0, 30.0, 11.5],
+               ("jax", 200): [20.0, 20.0, 20.0], ("jax", 201): [21.0, 20.0, 19.0]}
+    calls = []
+
+    def one(settings, python, data, backend, every, k):
+        calls.append((backend, every, k, python))
+        return {"seconds": seconds[backend, every][k], "steps_per_s": 100.0, "step": 600}
+
+    monkeypatch.setattr(cadence_table, "_one", one)
+    settings.repeats = 3
+    result = cadence_table.run(settings)
+    tf_runs = [c[:3] for c in calls if c[0] == "tensorflow"]
+    assert tf_runs == [("tensorflow", 200, 0), ("tensorflow", 201, 0), ("tensorflow", 201, 1),
+                       ("tensorflow", 200, 1), ("tensorflow", 200, 2), ("tensorflow", 201, 2)]
+    assert {c[3] for c in calls if c[0] == "jax"} == {"/jax/python"}
+    rows = {row["name"]: row["median"] for row in result["rows"]}
+    assert rows == {"tensorflow, --eval-every 200": 11.0, "tensorflow, --eval-every 201": 11.5,
+                    "jax, --eval-every 200": 20.0, "jax, --eval-every 201": 20.0}
+    targets = {t["id"]: t for t in result["targets"]}
+    # One slow run (30 s) moves a repeat's ratio, not the medians'.
+    assert targets["cadence.tensorflow"]["value"] == pytest.approx(11.0 / 11.5)
+    assert targets["cadence.tensorflow"]["met"] is True
+    assert targets["cadence.tensorflow"]["per_repeat"][1] == pytest.approx(0.4)
+    assert targets["cadence.jax"]["value"] == pytest.approx(1.0)
+
+
+def test_cadence_table_misses_when_the_odd_cadence_is_slower(tiny, settings, monkeypatch):
+    from benchmarks import cadence_table  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(common, "jax_python", lambda settings: None)
+    monkeypatch.setattr(cadence_table, "_one", lambda settings, python, data, backend, every, k: {
+        "seconds": 10.0 if every == 200 else 20.0, "steps_per_s": 1.0, "step": 600})
+    result = cadence_table.run(settings)
+    (tf_target, jax_target) = result["targets"]
+    assert tf_target["met"] is False and tf_target["value"] == pytest.approx(0.5)
+    assert "needs >= 0.87" in tf_target["why"]
+    assert jax_target["met"] is None  # no interpreter with JAX: not measured
