@@ -15,8 +15,10 @@ It keeps the other engines' contract:
 - ``max_steps`` is exact (the optimizer's ``iterations``); evaluations stay
   on multiples of ``eval_every_steps`` after a resume from any step;
 - :data:`MAX_STEPS_PER_EXECUTION` steps run in one call of Keras'
-  compiled training function, and a shorter call ends each evaluation's
-  window and the run (:class:`TrainingSteps`), whatever the cadence;
+  compiled training function, or one fewer where an evaluation's window
+  does not divide by it, the calls planned to end exactly at each
+  evaluation and at ``max_steps`` (:class:`TrainingSteps`), whatever the
+  cadence;
 - a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
   preemption), optimizer state included; a finished run trains nothing and
   reports its evaluation; a model dir that holds only a TensorFlow checkpoint
