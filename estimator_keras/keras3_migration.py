@@ -16,7 +16,10 @@ under each weight's key (``.../kernel/.OPTIMIZER_SLOT/optimizer/m``), and
 each goes to the Keras 3 optimizer's variable for the same weight and the
 same quantity (:data:`SLOTS`). With the step that gives the optimizer's own
 iteration count, the first update on Keras 3 is the one the source engine
-would have made. The reverse, a Keras 2 engine on a keras3 model dir, is
+would have made. Where the slots cannot move (Nadam, or a checkpoint of
+another optimizer), the keras3 engine starts the optimizer afresh, its
+own count at 0, while the run's step goes on (see
+:func:`estimator_keras.engines.keras3.restore`). The reverse, a Keras 2 engine on a keras3 model dir, is
 refused by :func:`estimator_keras.checkpoints.check_not_keras3`.
 
 Example::

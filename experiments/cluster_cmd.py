@@ -19,7 +19,9 @@ whatever they are sent. With --network auto (the default) the tasks share one
 private network namespace that has only loopback, where the system allows it:
 nothing else can connect to them, and they cannot reach the network (use
 --network host for gs:// paths). Where it cannot be made they use this
-machine's network, with a warning that says why.
+machine's network, with a warning that says why. So a dataset the data dir
+lacks is prepared (downloaded where it must be) by this command, before any
+task starts.
 """
 
 import argparse
@@ -134,14 +136,15 @@ def _check_train_flags(args, command):
     """Parses the tasks' train command with the real train parser and builds
     the experiment's config from it as `train` does, so that a bad name, flag,
     config file or hparam stops here, once, before any process starts.
-    Returns the grace the tasks were given."""
+    Returns (the grace the tasks were given, their parsed train arguments,
+    the experiment's config); the last two None without the train parser."""
     subcommands = getattr(args, "cluster_subcommands", None)
     train_parser = subcommands.choices.get("train") if subcommands else None
     if train_parser is None:
         commands.load_catalog(argparse.Namespace(modules=getattr(args, "modules", None),
                                                  verbose=getattr(args, "verbose", False)))
         registry.get(args.name)
-        return args.preemption_grace
+        return args.preemption_grace, None, None
     targs, unknown = train_parser.parse_known_args(command[4:])
     if unknown:
         hint = parsing.did_you_mean(unknown, subcommands.choices["cluster"], train_parser)
@@ -149,10 +152,31 @@ def _check_train_flags(args, command):
                          f"{hint}; see `python -m experiments train --help` for its flags.")
     targs.verbose = getattr(args, "verbose", False)
     targs.modules = list(getattr(targs, "modules_after", None) or [])
-    commands.experiment_config(targs, max_steps=getattr(targs, "max_steps", None),
-                               batch_size=getattr(targs, "batch_size", None),
-                               eval_every_steps=getattr(targs, "eval_every", None))
-    return getattr(targs, "preemption_grace", args.preemption_grace)
+    _, config = commands.experiment_config(
+        targs, max_steps=getattr(targs, "max_steps", None),
+        batch_size=getattr(targs, "batch_size", None),
+        eval_every_steps=getattr(targs, "eval_every", None))
+    return getattr(targs, "preemption_grace", args.preemption_grace), targs, config
+
+
+def _prepare_missing_data(targs, config):
+    """Prepares the experiment's registered dataset here, before any task
+    starts, when the data dir lacks it: the tasks may run where only
+    loopback exists (--network private), and a download from there fails.
+    Only then is TensorFlow loaded."""
+    if config is None:
+        return
+    # pylint: disable-next=import-outside-toplevel  (loads the sources' registry, not TF)
+    from experiments import datasets
+    name, data_dir = config.data.dataset, commands.data_dir(targs)
+    _, registered = datasets.find(name, data_dir)
+    if not registered or datasets.is_prepared(data_dir, name):
+        return
+    print(f"Dataset {name} is not in {data_dir}: preparing it before the tasks start, on this "
+          f"machine's network")
+    sys.stdout.flush()
+    commands.tensorflow_module("experiments.prepare").prepare(
+        name, data_dir, source_dir=getattr(targs, "source_dir", None))
 
 
 def _network(args, command, env):
@@ -213,10 +237,11 @@ def run(args, extra_argv=()):
         raise UsageError(f"--preemption-grace must be a positive number of seconds; given "
                          f"{args.preemption_grace:g}.")
     command = _train_argv(args, extra_argv)
-    grace = _check_train_flags(args, command)
+    grace, targs, config = _check_train_flags(args, command)
     _check_engine(args, command)
     env = _task_env()
     network = _network(args, command, env)
+    _prepare_missing_data(targs, config)
     # Only now, with everything checked, is anything created.
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"cluster-{args.name}-")
     parts = ["chief"] + ([f"{args.workers} worker(s)"] if args.workers else []) + (

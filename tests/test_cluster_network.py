@@ -9,6 +9,8 @@ gets while the tasks listen, read from the kernel's own socket tables of the
 tasks' namespace (/proc/PID/net/tcp*), and that nothing outlives the run.
 """
 
+import http.server
+import io
 import json
 import os
 import re
@@ -17,8 +19,10 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
+import numpy as np
 import pytest
 
 import test_cluster
@@ -383,3 +387,92 @@ def test_tasks_can_bind_the_address_their_host_name_resolves_to(tmp_path):
     assert result.network == "private"
     log = (tmp_path / "logs" / "chief-0.log").read_text()
     assert re.search(r"^bound localhost (127\.\d+\.\d+\.\d+|::1)$", log, re.M), log
+
+
+# --------------------------------------------------------------------------- data before the namespace
+
+# A user's dataset that is downloaded: from the URL in EK_SERVED_URL, which
+# the test serves on this machine's loopback, outside any namespace.
+SERVED_MODULE = '''import io, os, urllib.request
+import numpy as np
+from experiments import (DataConfig, Experiment, ExperimentConfig, TrainConfig, register,
+                         register_dataset)
+
+def served(source_dir=None, download_dir=None):
+    with urllib.request.urlopen(os.environ["EK_SERVED_URL"], timeout=20) as response:
+        arrays = np.load(io.BytesIO(response.read()))
+        return {split: {"image": arrays[split + "_image"], "label": arrays[split + "_label"]}
+                for split in ("train", "test")}
+
+register_dataset("ek_served", "6x6 grey images, downloaded", served,
+                 labels={"label": {"num_classes": 2}})
+
+def dense(hparams, data):
+    import tensorflow as tf
+    inputs = tf.keras.Input(shape=data.input_shape, name=data.input_name)
+    x = tf.keras.layers.Flatten()(tf.keras.layers.Rescaling(1 / 255)(inputs))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(2, activation="softmax")(x))
+
+register(Experiment(
+    config=ExperimentConfig(
+        name="ek_served_dense", description="a dense net on a downloaded dataset",
+        data=DataConfig(dataset="ek_served"),
+        train=TrainConfig(batch_size=16, max_steps=10, eval_every_steps=10, log_every_steps=10)),
+    build_model=dense))
+'''
+
+
+def _served_archive():
+    rng = np.random.default_rng(4)
+    arrays = {}
+    for split, n in (("train", 96), ("test", 32)):
+        arrays[split + "_label"] = rng.integers(0, 2, n)
+        arrays[split + "_image"] = rng.integers(0, 256, (n, 6, 6, 1)).astype(np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+@pytest.mark.slow
+@needs_netns
+def test_a_dataset_to_download_is_prepared_before_the_tasks_enter_the_namespace(tmp_path):
+    body, requests = _served_archive(), []
+
+    class Serve(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # pylint: disable=invalid-name  (the handler's API)
+            requests.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serve)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    module = tmp_path / "ek_served_plugin.py"
+    module.write_text(SERVED_MODULE)
+    data_dir, model_dir = tmp_path / "data", tmp_path / "model"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments", "--module", str(module), "cluster",
+             "ek_served_dense", "--workers", "0", "--network", "private", "--quiet",
+             "--model-dir", str(model_dir), "--log-dir", str(tmp_path / "logs"),
+             "--timeout", "240", "--data-dir", str(data_dir), "--engine", "estimator"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            env=child_env(EK_SERVED_URL=f"http://127.0.0.1:{server.server_port}/served.npz"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    # Fetched once, by the launcher (the chief, inside the namespace, could
+    # not reach this server), before the cluster started.
+    assert requests == ["/served.npz"], requests
+    preparing = text.index("Dataset ek_served is not in")
+    assert preparing < text.index("Local cluster for 'ek_served_dense'"), text[-3000:]
+    assert "in a private network namespace (loopback only):" in text
+    assert (data_dir / "ek_served" / "dataset.json").exists()
+    assert (model_dir / "model.ckpt-10.index").exists(), os.listdir(model_dir)

@@ -63,8 +63,30 @@ SUMMARY_SUBDIRS = ("train", "validation")
 MAX_STEPS_PER_EXECUTION = 8
 
 
-def _step(model):
+def _iterations(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def _step(model, start):
+    """The run's step: the optimizer's own count, which started at ``start``
+    (0 but where another engine's optimizer state could not move)."""
+    return start + _iterations(model)
+
+
+class StartingAt(keras.optimizers.schedules.LearningRateSchedule):
+    """``schedule`` at the run's step for an optimizer whose own count
+    started at step ``start``: a learning rate that goes on where it was
+    while the optimizer's bias correction starts afresh."""
+
+    def __init__(self, schedule, start):
+        self.schedule, self.start = schedule, int(start)
+
+    def __call__(self, step):
+        return self.schedule(step + self.start)
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
+                "start": self.start}
 
 
 class TrainingSteps(keras.callbacks.Callback):
@@ -89,10 +111,10 @@ class TrainingSteps(keras.callbacks.Callback):
     preemption's save).
     """
 
-    def __init__(self, plan, meter, last_checkpoint, model):
+    def __init__(self, plan, meter, last_checkpoint, model, start=0):
         super().__init__()
         self.plan, self.meter, self.last_checkpoint = plan, meter, last_checkpoint
-        self.trained = model
+        self.trained, self.start = model, start
         self.full = model.steps_per_execution
         self.agreement = (preemption.StopAgreement(plan.preemption, plan.strategy)
                           if plan.preemption is not None else None)
@@ -101,7 +123,7 @@ class TrainingSteps(keras.callbacks.Callback):
         self.step = self.call = 0
 
     def on_train_begin(self, logs=None):
-        self.step = _step(self.model)
+        self.step = _step(self.model, self.start)
         # fit has made (or kept) the full-length function by now. The others
         # are made here too, while the model still holds its variables (on
         # JAX, fit takes them out of the model once its first call starts).
@@ -147,7 +169,7 @@ class TrainingSteps(keras.callbacks.Callback):
         # The meter writes a line each time a multiple of its steps is passed.
         self.meter.update(self.step, loss)
         if self.agreement is not None and self.agreement.stop_after(self.step):
-            _save(self.model, plan, self.step)
+            _save(self.model, plan, self.step, self.start)
             raise plan.preemption.stopped(self.step, by_chief=not plan.chief)
         if self.step >= plan.max_steps:
             self.model.stop_training = True
@@ -176,9 +198,9 @@ class Evaluations(keras.callbacks.Callback):
     multiple or ``max_steps``): the checkpoint, the summaries, the reported
     evaluation and the early-stopping rule."""
 
-    def __init__(self, plan, saved):
+    def __init__(self, plan, saved, start=0):
         super().__init__()
-        self.plan, self.saved = plan, saved
+        self.plan, self.saved, self.start = plan, saved, start
         self.metrics = None
         self.stopped = False
         self.history = []
@@ -190,8 +212,8 @@ class Evaluations(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         plan, logs = self.plan, logs or {}
-        step = _step(self.model)
-        saved = _save(self.model, plan, step)
+        step = _step(self.model, self.start)
+        saved = _save(self.model, plan, step, self.start)
         if plan.chief:
             self.saved = saved
         memory.release_free_memory()
@@ -240,15 +262,16 @@ def call_lengths(steps, full):
     return [full] * whole + [left]
 
 
-def _save(model, plan, step):
-    """The checkpoint of ``step``, written by the chief alone (its path; None
-    elsewhere). In a JAX process group the chief saves outside the group's
+def _save(model, plan, step, start=0):
+    """The checkpoint of ``step`` (the optimizer's count started at
+    ``start``), written by the chief alone (its path; None elsewhere). In a JAX process group the chief saves outside the group's
     distribution: Keras builds a throwaway variable while saving, and built
     under the distribution it would wait for the other processes."""
     if not plan.chief:
         return None
     with _alone(plan.strategy):
-        return ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max)
+        return ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max,
+                          optimizer_from=start)
 
 
 def _alone(strategy):
@@ -302,8 +325,13 @@ def checkpoint_step(checkpoint):
 def restore(model, checkpoint, log=None):
     """Loads a keras3 checkpoint, or a TensorFlow checkpoint of another
     engine (weights, the step and the optimizer's slots), into a compiled
-    model; returns the step. ``log`` hears what of another engine's
-    optimizer state did not carry over."""
+    model; returns the run's step.
+
+    Where another engine's optimizer state cannot move (an optimizer
+    without a mapping, or slots the checkpoint lacks), the optimizer starts
+    afresh, its own count from 0, so that its bias correction matches its
+    empty averages, while the run's step goes on (:func:`_step`); ``log``
+    hears it once."""
     if ckpts.is_checkpoint(checkpoint):
         return ckpts.restore(model, checkpoint)
     # Another helper's module: imported only where a TF checkpoint is met.
@@ -311,12 +339,24 @@ def restore(model, checkpoint, log=None):
     step = int(keras3_migration.restore_tf_checkpoint(model, checkpoint))
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    model.optimizer.iterations.assign(step)
     lost = keras3_migration.restore_optimizer_state(model, checkpoint)
-    if lost and log is not None:
-        log(f"the optimizer starts from zero state at step {step}: {lost}; its first updates "
-            f"follow the gradient's sign more than its size until its averages fill")
+    if lost:
+        if log is not None:
+            log(f"the optimizer starts afresh at step {step}: {lost}; its own step count "
+                f"(bias correction) starts at 0 while the run's step and learning rate go on")
+    else:
+        model.optimizer.iterations.assign(step)
     return step
+
+
+def _start_at(model, plan, step):
+    """Where the optimizer's own count started (see :func:`restore`); a
+    learning-rate schedule then reads the run's step, not the optimizer's."""
+    start = step - _iterations(model)
+    learning_rate = optimizers.keras3_learning_rate(plan.learning_rate)
+    if start and isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        model.optimizer.learning_rate = StartingAt(learning_rate, start)
+    return start
 
 
 def _scope(strategy):
@@ -405,9 +445,10 @@ def _fit(plan):
         keras.utils.set_random_seed(int(seed))
     with _scope(plan.strategy):
         model = compile_for_keras3(plan, MAX_STEPS_PER_EXECUTION)
-        step = 0
+        step = start = 0
         if latest or other:
             step = restore(model, latest or other, hooks.log)
+            start = _start_at(model, plan, step)
             how = "" if latest else ", a checkpoint of another engine"
             hooks.log(f"resuming from {latest or other} (step {step}{how})")
         elif not model.optimizer.built:
@@ -416,7 +457,7 @@ def _fit(plan):
         if latest is None:
             # Like the other engines: a checkpoint at the start, so a run that
             # fails early still leaves one (and a migrated dir becomes keras3's).
-            saved = _save(model, plan, step)
+            saved = _save(model, plan, step, start)
     if step >= plan.max_steps:
         # Nothing left to train: report the numbers all the same.
         metrics = _evaluate(model, plan, step)
@@ -428,8 +469,8 @@ def _fit(plan):
     replicas = plan.strategy.num_replicas_in_sync if plan.strategy is not None else 1
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
                                plan.max_steps)
-    evaluations = Evaluations(plan, saved)
-    steps = TrainingSteps(plan, meter, lambda: evaluations.saved, model)
+    evaluations = Evaluations(plan, saved, start)
+    steps = TrainingSteps(plan, meter, lambda: evaluations.saved, model, start)
     train_data, eval_data = _datasets(plan, model)
     every = plan.eval_every_steps
     fit = dict(validation_data=eval_data,
@@ -441,13 +482,13 @@ def _fit(plan):
                 # one short epoch first.
                 model.fit(train_data, epochs=1, **fit,
                           steps_per_epoch=min(every - step % every, plan.max_steps - step))
-                step = _step(model)
+                step = _step(model, start)
             if step < plan.max_steps and not evaluations.stopped:
                 model.fit(train_data, epochs=math.ceil(plan.max_steps / every),
                           initial_epoch=step // every, steps_per_epoch=every, **fit)
     finally:
         evaluations.close()
-    step = _step(model)
+    step = _step(model, start)
     meter.finish(step)
     if step < plan.max_steps and not evaluations.stopped:
         raise DataError(

@@ -7,7 +7,11 @@ continues the optimizer where it stopped. It is the same file on every
 backend: a checkpoint written on TensorFlow resumes on JAX and back.
 
 ``keras3-checkpoints.json`` names the latest and every kept checkpoint,
-oldest first (``{"latest": "ckpt-300.weights.h5", "all": [...]}``). Each
+oldest first (``{"latest": "ckpt-300.weights.h5", "all": [...]}``), and,
+in a model dir continued from another engine whose optimizer state could
+not move, the step at which the optimizer's own count started
+(``"optimizer_from": 300``: its step counter reads the run's step less
+that). Each
 weights file is written under a temporary name and renamed, then the index
 is replaced atomically, and only then are the checkpoints past ``keep``
 deleted: a crash at any point leaves an index that names whole files.
@@ -69,7 +73,10 @@ def _read_index(model_dir):
         index = json.loads(io.read_text(path))
         names = [str(n) for n in index["all"]]
         latest = str(index["latest"])
-    except (ValueError, KeyError, TypeError) as e:
+        start = index.get("optimizer_from", 0)
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise ValueError(f"optimizer_from is {start!r}, not a step")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ModelDirError(f"{path} is damaged ({e}); it should hold "
                             f'{{"latest": "{name_of(0)}", "all": [...]}}. Delete it to '
                             f"train from scratch, or restore it from a backup.") from e
@@ -77,7 +84,7 @@ def _read_index(model_dir):
         if not _NAME.match(name):
             raise ModelDirError(f"{path} names {name!r}, which is not a checkpoint "
                                 f"(ckpt-<step>{SUFFIX}).")
-    return {"latest": latest, "all": names}
+    return {"latest": latest, "all": names, "optimizer_from": start}
 
 
 def find(model_dir):
@@ -122,10 +129,17 @@ def latest(model_dir):
     return path
 
 
-def save(model, model_dir, step, keep):
+def optimizer_start_of(model_dir):
+    """The step at which the optimizer's own count started in ``model_dir``
+    (see the module's docstring); 0 where it counts the run's steps."""
+    index = _read_index(model_dir)
+    return index["optimizer_from"] if index else 0
+
+
+def save(model, model_dir, step, keep, optimizer_from=0):
     """Writes ``model`` (with its optimizer's state) as the checkpoint of
     ``step``, makes it the latest and keeps the newest ``keep``; returns its
-    path."""
+    path. ``optimizer_from``: the step the optimizer's count started at."""
     io.makedirs(model_dir)
     name = name_of(step)
     path = io.join(model_dir, name)
@@ -150,8 +164,10 @@ def save(model, model_dir, step, keep):
         # Saving an older step than the kept ones (a rerun from an earlier
         # checkpoint): it is the latest all the same.
         kept, dropped = kept[1:] + [name], dropped[:-1] + kept[:1]
-    io.atomic_write(io.join(model_dir, INDEX),
-                    json.dumps({"latest": name, "all": kept}, indent=1) + "\n")
+    written = {"latest": name, "all": kept}
+    if optimizer_from:
+        written["optimizer_from"] = int(optimizer_from)
+    io.atomic_write(io.join(model_dir, INDEX), json.dumps(written, indent=1) + "\n")
     for old in dropped:
         if old != name:
             io.remove(io.join(model_dir, old))
@@ -164,9 +180,11 @@ def restore(model, path):
     Returns the checkpoint's step.
 
     Raises:
-      ModelDirError: the file does not fit the model (another architecture).
+      ModelDirError: the file does not fit the model (another architecture),
+        or its optimizer's step counter is not the one the index expects.
     """
     step = step_of(path)
+    expected = step - optimizer_start_of(io.parent(str(path)))
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:
         optimizer.build(model.trainable_variables)
@@ -180,11 +198,11 @@ def restore(model, path):
             f"checkpoint {path} does not fit this model's architecture (a model dir of another "
             f"model?); refusing to restore it. Keras says: {_short(e)} Use a fresh --model-dir "
             f"for a different model.") from e
-    if optimizer is not None and int(optimizer.iterations.numpy()) != step:
+    if optimizer is not None and int(optimizer.iterations.numpy()) != expected:
         raise ModelDirError(
             f"checkpoint {path} holds no optimizer state of this model's optimizer "
             f"({type(optimizer).__name__}): its step counter reads "
-            f"{int(optimizer.iterations.numpy())}, not {step}. Was the optimizer changed? Train "
+            f"{int(optimizer.iterations.numpy())}, not {expected}. Was the optimizer changed? Train "
             f"with the optimizer it was written with, or start a fresh --model-dir.")
     return step
 

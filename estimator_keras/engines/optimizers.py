@@ -86,6 +86,17 @@ def keras3_optimizer(name, learning_rate=None):
     3's own from its config, so that it runs on every backend."""
     import keras  # pylint: disable=import-outside-toplevel
 
+    learning_rate = keras3_learning_rate(learning_rate)
+    config = {} if learning_rate is None else {"learning_rate": learning_rate}
+    return keras.optimizers.get({"class_name": _check_name(name), "config": config})
+
+
+def keras3_learning_rate(learning_rate):
+    """``learning_rate`` as a Keras 3 optimizer takes it: a number or None
+    as it is, a Keras 3 schedule as it is, another Keras' schedule rebuilt
+    from its config."""
+    import keras  # pylint: disable=import-outside-toplevel
+
     schedules = keras.optimizers.schedules
     if (learning_rate is not None and not isinstance(learning_rate, (int, float))
             and not isinstance(learning_rate, schedules.LearningRateSchedule)
@@ -94,5 +105,4 @@ def keras3_optimizer(name, learning_rate=None):
         config = {k: v for k, v in learning_rate.get_config().items() if v is not None}
         learning_rate = schedules.deserialize(
             {"class_name": type(learning_rate).__name__, "config": config})
-    config = {} if learning_rate is None else {"learning_rate": learning_rate}
-    return keras.optimizers.get({"class_name": _check_name(name), "config": config})
+    return learning_rate
