@@ -44,6 +44,7 @@ TABLES = {
     "shapes": ("benchmarks.shapes_table", "any"),
     "cluster": ("benchmarks.cluster_table", "any"),
     "cadence": ("benchmarks.cadence_table", "keras"),
+    "embedding": ("benchmarks.embedding_table", "estimator"),
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 # Tables run --rounds times: their targets are ratios of rates measured side by

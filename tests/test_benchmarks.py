@@ -857,3 +857,39 @@ def test_cadence_table_misses_when_the_odd_cadence_is_slower(tiny, settings, mon
     assert tf_target["met"] is False and tf_target["value"] == pytest.approx(0.5)
     assert "needs >= 0.87" in tf_target["why"]
     assert jax_target["met"] is None  # no interpreter with JAX: not measured
+
+
+@pytest.mark.slow
+def test_embedding_table_runs_both_sums_in_a_real_cluster(settings, monkeypatch):
+    from benchmarks import embedding_table  # pylint: disable=import-outside-toplevel
+
+    # A small table: the two ways differ here too, by less.
+    monkeypatch.setattr(embedding_table, "QUICK", (20_000, 8, 3))
+    result = embedding_table.run(settings)
+    rows = {row["name"]: row for row in result["rows"]}
+    assert set(rows) == {"dense sum", "sparse sum"}
+    for row in rows.values():
+        assert row["error"] is None and len(row["samples"]) == 1, row
+        assert row["median"] > 0
+    assert "20,000 x 128 float32 table (10 MB)" in result["notes"][0], result["notes"]
+
+
+def test_embedding_table_alternates_and_compares_per_repeat(settings, monkeypatch):
+    from benchmarks import embedding_table  # pylint: disable=import-outside-toplevel
+
+    rates = {"dense": [2.0, 1.0, 4.0], "sparse": [20.0, 30.0, 8.0]}
+    calls = []
+
+    def one(settings, mode, rows, steps, warmup, k):
+        calls.append((mode, k))
+        return {"steps_per_s": rates[mode][k], "network": "private"}
+
+    monkeypatch.setattr(embedding_table, "_one", one)
+    settings.repeats = 3
+    result = embedding_table.run(settings)
+    assert calls == [("dense", 0), ("sparse", 0), ("sparse", 1), ("dense", 1),
+                     ("dense", 2), ("sparse", 2)]
+    rows = {row["name"]: row["median"] for row in result["rows"]}
+    assert rows == {"dense sum": 2.0, "sparse sum": 20.0}
+    assert result["notes"][1] == "sparse / dense steps/s per repeat: 10, 30, 2"
+    assert result["notes"][2] == "sparse / dense of the medians: 10"

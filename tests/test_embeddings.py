@@ -57,6 +57,13 @@ def test_an_embedding_model_trains_in_a_cluster(tags, tmp_path, engine, ps, stra
     with open(os.path.join(log_dir, "chief-0.log"), encoding="utf-8") as f:
         chief = f.read()
     assert f"strategy {strategy}," in chief, chief[-3000:]
+    # The dense sum is said, with the table's size, where it happens only.
+    dense = "sums Embedding gradients across the workers as dense tensors"
+    if (engine, strategy) == ("estimator", "multi_worker_mirrored"):
+        assert re.search(dense + r".*: 128 bytes per step for 'embedding(_\d+)?' 16 x 2 \(128 bytes\)",
+                         chief), chief[-3000:]
+    else:
+        assert dense not in chief, chief[-3000:]
     # Only the category carries the label, and a random embedding of the 16
     # categories in 2 dimensions stays far below this.
     accuracy = float(re.search(r"^final metrics: accuracy ([\d.]+)", chief, re.M).group(1))
@@ -94,3 +101,22 @@ def test_the_dense_sum_survives_model_to_estimators_optimizer_clone():
     assert var is table and none is None
     assert not isinstance(summed, tf.IndexedSlices)
     np.testing.assert_array_equal(summed.numpy(), [[0, 0], [2, 2], [0, 0], [1, 1]])
+
+
+@pytest.mark.skipif(not ESTIMATOR, reason="tf.estimator needs TensorFlow 2.15")
+def test_the_dense_sum_is_said_with_the_tables_size_under_multi_worker_mirrored_only():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
+
+    ids = tf.keras.Input((3,), dtype="int64")
+    x = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(300_000, 64, name="items")(ids))
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(2)(x))
+    mwms = tf.distribute.MultiWorkerMirroredStrategy()
+    note = est_lib.dense_sum_note(model, mwms)
+    # 300,000 x 64 float32 = 73.2 MB.
+    assert "73.2 MB per step for 'items' 300,000 x 64 (73.2 MB)" in note, note
+    assert "--strategy parameter_server" in note
+    for strategy in (None, tf.distribute.MirroredStrategy(), tf.distribute.OneDeviceStrategy("/cpu:0")):
+        assert est_lib.dense_sum_note(model, strategy) is None
+    plain = tf.keras.Model(ids, tf.keras.layers.Dense(2)(tf.cast(ids, "float32")))
+    assert est_lib.dense_sum_note(plain, mwms) is None

@@ -119,6 +119,36 @@ def sums_sparse_as_dense(strategy):
                                  tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy))
 
 
+def dense_sum_note(model, strategy):
+    """The sentence a run under ``strategy`` owes its user when it sums
+    sparse gradients as dense ones (:func:`sums_sparse_as_dense`): each
+    Embedding's whole table crosses the network every step, which for a
+    large table costs more than the step. None otherwise."""
+    if not sums_sparse_as_dense(strategy):
+        return None
+    tables = [(layer.name, weight) for layer in model.submodules
+              if isinstance(layer, tf.keras.layers.Embedding) for weight in layer.trainable_weights]
+    if not tables:
+        return None
+    sizes = [(name, weight.shape, weight.shape.num_elements() * weight.dtype.size)
+             for name, weight in tables]
+    total = sum(size for _, _, size in sizes)
+    listed = ", ".join(f"{name!r} {' x '.join(f'{d:,}' for d in shape)} ({_in_bytes(size)})"
+                       for name, shape, size in sizes)
+    return (f"multi_worker_mirrored on the estimator engine sums Embedding gradients across "
+            f"the workers as dense tensors (TensorFlow 2.15's collectives cannot sum their "
+            f"sparse rows in the Estimator's graph): {_in_bytes(total)} per step for "
+            f"{listed}. For a large table use --strategy parameter_server: the ps tasks "
+            f"apply only the rows a step used (BENCHMARKS.md measures the cost).")
+
+
+def _in_bytes(size):
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} bytes"
+
+
 def sum_as_dense(grads_and_vars):
     """A legacy Keras optimizer's ``gradient_aggregator``: the sum over the
     replicas, as Keras' default, of every gradient made dense first."""
@@ -460,7 +490,11 @@ class EstimatorEngine(base.TFCheckpointEngine):
         """(the Estimator, the plan's train input_fn, its eval input_fn), the
         input_fns serving features as the model takes them."""
         model = compile_for_estimator(plan)
-        estimator = to_estimator(model, config=run_config(plan.model_dir, **run_config_kwargs))
+        config = run_config(plan.model_dir, **run_config_kwargs)
+        note = dense_sum_note(model, config.train_distribute)
+        if note and plan.chief:
+            plan.hooks.log(note)
+        estimator = to_estimator(model, config=config)
         return (estimator, model_input_fn(model, plan.train_data),
                 model_input_fn(model, plan.eval_data))
 
