@@ -60,8 +60,8 @@ def test_an_embedding_model_trains_in_a_cluster(tags, tmp_path, engine, ps, stra
     # The dense sum is said, with the table's size, where it happens only.
     dense = "sums Embedding gradients across the workers as dense tensors"
     if (engine, strategy) == ("estimator", "multi_worker_mirrored"):
-        assert re.search(dense + r".*: 128 bytes per step for 'embedding(_\d+)?' 16 x 2 \(128 bytes\)",
-                         chief), chief[-3000:]
+        table = r"128 bytes per step for 'embedding(_\d+)?' 16 x 2 \(128 bytes\)"
+        assert re.search(dense + r".*: " + table, chief), chief[-3000:]
     else:
         assert dense not in chief, chief[-3000:]
     # Only the category carries the label, and a random embedding of the 16
@@ -116,7 +116,8 @@ def test_the_dense_sum_is_said_with_the_tables_size_under_multi_worker_mirrored_
     # 300,000 x 64 float32 = 73.2 MB.
     assert "73.2 MB per step for 'items' 300,000 x 64 (73.2 MB)" in note, note
     assert "--strategy parameter_server" in note
-    for strategy in (None, tf.distribute.MirroredStrategy(), tf.distribute.OneDeviceStrategy("/cpu:0")):
+    for strategy in (None, tf.distribute.MirroredStrategy(),
+                     tf.distribute.OneDeviceStrategy("/cpu:0")):
         assert est_lib.dense_sum_note(model, strategy) is None
     plain = tf.keras.Model(ids, tf.keras.layers.Dense(2)(tf.cast(ids, "float32")))
     assert est_lib.dense_sum_note(plain, mwms) is None

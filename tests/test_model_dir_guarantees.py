@@ -352,3 +352,18 @@ def test_a_keras2_engine_model_dir_continues_on_keras3(writer, tmp_path):
     assert re.search(rf"resuming from \S*{checkpoint_name(10)} \(step 10, a checkpoint of "
                      rf"another engine", err), err[-3000:]
     assert "checkpoint step 20" in out and latest_step(model_dir) == 20, out
+
+
+def test_the_keras3_index_keeps_where_the_optimizers_count_started(tmp_path):
+    index = tmp_path / keras3_checkpoints.INDEX
+    index.write_text(json.dumps({"latest": "ckpt-12.weights.h5", "all": ["ckpt-12.weights.h5"]}))
+    assert keras3_checkpoints.optimizer_start_of(str(tmp_path)) == 0
+    index.write_text(json.dumps({"latest": "ckpt-12.weights.h5", "all": ["ckpt-12.weights.h5"],
+                                 "optimizer_from": 10}))
+    assert keras3_checkpoints.optimizer_start_of(str(tmp_path)) == 10
+    assert keras3_checkpoints.optimizer_start_of(str(tmp_path / "none")) == 0
+    for bad in (-1, "10", 2.5, True):
+        index.write_text(json.dumps({"latest": "ckpt-12.weights.h5",
+                                     "all": ["ckpt-12.weights.h5"], "optimizer_from": bad}))
+        with pytest.raises(ModelDirError, match=r"is damaged \(optimizer_from is .*, not a step\)"):
+            keras3_checkpoints.optimizer_start_of(str(tmp_path))

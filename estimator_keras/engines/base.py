@@ -287,6 +287,13 @@ class TFCheckpointEngine(Engine):
                                      higher_is_better, **options)
 
 
+def in_tf_cluster(strategy):
+    """Whether ``strategy`` is a tf.distribute strategy of a TF_CONFIG
+    cluster (its resolver names jobs), not of this process alone."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is not None and bool(resolver.cluster_spec().jobs)
+
+
 def check_positive(name, value):
     if value is None or isinstance(value, bool) or int(value) < 1:
         raise UsageError(f"{name} must be a positive integer; given {value!r}.")

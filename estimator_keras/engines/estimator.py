@@ -549,8 +549,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
         (a RunResult), else None. tf.estimator skips a finished run by the
         checkpoint's ``global_step``, which the Estimator of a Keras model
         saves as ``estimator_global_step``: it would train one step more."""
-        resolver = getattr(plan.strategy, "cluster_resolver", None)
-        if not plan.chief or (resolver is not None and resolver.cluster_spec().jobs):
+        if not plan.chief or base.in_tf_cluster(plan.strategy):
             return None
         latest = tf.train.latest_checkpoint(plan.model_dir)
         step = checkpoints.checkpoint_step(latest) if latest else None

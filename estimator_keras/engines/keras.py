@@ -356,9 +356,7 @@ def _fit(plan, build_compiled_model):
         hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
     metrics["global_step"] = step
     saved = saver.saved or manager.latest_checkpoint
-    resolver = getattr(strategy, "cluster_resolver", None)
-    alone = resolver is None or not resolver.cluster_spec().jobs
-    if is_chief and alone and not _backup_checkpoint(backup):
+    if is_chief and not base.in_tf_cluster(strategy) and not _backup_checkpoint(backup):
         # Empty once training completed. Under MultiWorkerMirroredStrategy the
         # workers may still be writing their scratch backups inside it:
         # BackupAndRestore removes the chief's, the folder stays.

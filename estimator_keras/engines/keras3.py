@@ -12,8 +12,10 @@ It keeps the other engines' contract:
   ``keep_checkpoint_max`` kept;
 - an evaluation after every checkpoint, reported to the plan's hooks, and
   TensorBoard scalars in ``train/`` and ``validation/`` of the summary dir;
-- ``max_steps`` is exact (the optimizer's ``iterations``); evaluations stay
-  on multiples of ``eval_every_steps`` after a resume from any step;
+- ``max_steps`` is exact (the optimizer's ``iterations``, plus the step its
+  count started at where another engine's state could not move);
+  evaluations stay on multiples of ``eval_every_steps`` after a resume from
+  any step;
 - :data:`MAX_STEPS_PER_EXECUTION` steps run in one call of Keras'
   compiled training function, or one fewer where an evaluation's window
   does not divide by it, the calls planned to end exactly at each
@@ -23,7 +25,8 @@ It keeps the other engines' contract:
   preemption), optimizer state included; a finished run trains nothing and
   reports its evaluation; a model dir that holds only a TensorFlow checkpoint
   of the estimator or keras engine continues at its step, with its
-  optimizer's slots (:mod:`estimator_keras.keras3_migration`);
+  optimizer's slots (:mod:`estimator_keras.keras3_migration`), or with a
+  fresh optimizer where they cannot move (:func:`restore`);
 - SIGTERM/SIGINT under the plan's PreemptionWatch: a checkpoint of the step
   just taken, then Preempted; a NaN or infinite loss: NumericalError;
 - several processes on the JAX backend (the plan's strategy a
@@ -138,7 +141,7 @@ class TrainingSteps(keras.callbacks.Callback):
         if self.step >= last:
             return set()
         # The epochs: one up to the next multiple, whole ones, a last short one.
-        first = min((self.step // every + 1) * every, last) - self.step
+        first = self._epoch_end() - self.step
         whole, tail = divmod(last - self.step - first, every)
         lengths = set()
         for steps in (first, every if whole else 0, tail):
@@ -146,11 +149,14 @@ class TrainingSteps(keras.callbacks.Callback):
                 lengths.update(call_lengths(steps, self.full))
         return lengths
 
+    def _epoch_end(self):
+        """The step the epoch running from here ends at: the next multiple of
+        ``eval_every_steps``, or ``max_steps``."""
+        every = self.plan.eval_every_steps
+        return min((self.step // every + 1) * every, self.plan.max_steps)
+
     def on_epoch_begin(self, epoch, logs=None):
-        plan = self.plan
-        every = plan.eval_every_steps
-        boundary = min((self.step // every + 1) * every, plan.max_steps)
-        self.calls = collections.deque(call_lengths(boundary - self.step, self.full))
+        self.calls = collections.deque(call_lengths(self._epoch_end() - self.step, self.full))
 
     def on_train_batch_begin(self, batch, logs=None):
         self.call = self.calls.popleft() if self.calls else self.full
@@ -264,9 +270,10 @@ def call_lengths(steps, full):
 
 def _save(model, plan, step, start=0):
     """The checkpoint of ``step`` (the optimizer's count started at
-    ``start``), written by the chief alone (its path; None elsewhere). In a JAX process group the chief saves outside the group's
-    distribution: Keras builds a throwaway variable while saving, and built
-    under the distribution it would wait for the other processes."""
+    ``start``), written by the chief alone (its path; None elsewhere). In a
+    JAX process group the chief saves outside the group's distribution:
+    Keras builds a throwaway variable while saving, and built under the
+    distribution it would wait for the other processes."""
     if not plan.chief:
         return None
     with _alone(plan.strategy):
@@ -369,8 +376,7 @@ def _scope(strategy):
             f"a tf.distribute strategy needs Keras 3 on the tensorflow backend; this is "
             f"KERAS_BACKEND={keras.backend.backend()}. Use --strategy none (one device), or "
             f"KERAS_BACKEND=tensorflow.")
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is not None and resolver.cluster_spec().jobs:
+    if base.in_tf_cluster(strategy):
         raise ConfigError(
             "on the TensorFlow backend the keras3 engine trains in one process (Keras 3's fit "
             "under MultiWorkerMirroredStrategy is not supported: keras-team/keras#20585), but "

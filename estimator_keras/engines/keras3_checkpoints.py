@@ -11,10 +11,10 @@ oldest first (``{"latest": "ckpt-300.weights.h5", "all": [...]}``), and,
 in a model dir continued from another engine whose optimizer state could
 not move, the step at which the optimizer's own count started
 (``"optimizer_from": 300``: its step counter reads the run's step less
-that). Each
-weights file is written under a temporary name and renamed, then the index
-is replaced atomically, and only then are the checkpoints past ``keep``
-deleted: a crash at any point leaves an index that names whole files.
+that). Each weights file is written under a temporary name and renamed,
+then the index is replaced atomically, and only then are the checkpoints
+past ``keep`` deleted: a crash at any point leaves an index that names
+whole files.
 
 This module imports Keras only to save, restore and compare with a model: a
 runner can ask for the latest checkpoint and its step, and a launcher whether
@@ -202,8 +202,8 @@ def restore(model, path):
         raise ModelDirError(
             f"checkpoint {path} holds no optimizer state of this model's optimizer "
             f"({type(optimizer).__name__}): its step counter reads "
-            f"{int(optimizer.iterations.numpy())}, not {expected}. Was the optimizer changed? Train "
-            f"with the optimizer it was written with, or start a fresh --model-dir.")
+            f"{int(optimizer.iterations.numpy())}, not {expected}. Was the optimizer changed? "
+            f"Train with the optimizer it was written with, or start a fresh --model-dir.")
     return step
 
 

@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 
+from estimator_keras.engines import base
 from estimator_keras.errors import Preempted
 
 logger = logging.getLogger(__name__)
@@ -196,9 +197,7 @@ class StopAgreement:
         self.watch, self.strategy, self.every_secs = watch, strategy, float(every_secs)
         # A JAX process group averages over its processes itself.
         self._mean = getattr(strategy, "mean_over_processes", None)
-        resolver = getattr(strategy, "cluster_resolver", None)
-        self.in_cluster = self._mean is not None or (
-            resolver is not None and bool(resolver.cluster_spec().jobs))
+        self.in_cluster = self._mean is not None or base.in_tf_cluster(strategy)
         self._next = None
         self._since = None
 
