@@ -47,12 +47,20 @@ def task():
     the chief's result file)."""
     mode, rows, steps, warmup, model_dir, out = sys.argv[1:7]
     rows, steps, warmup = int(rows), int(steps), int(warmup)
+    task_config = json.loads(os.environ["TF_CONFIG"])["task"]
+    chief = task_config["type"] == "chief"
+    if not chief:
+        # A folder of its own: two tasks writing model_to_estimator's
+        # initial-weights file at once can corrupt it (the engine has the
+        # workers wait for the chief's instead).
+        model_dir = f"{model_dir}-{task_config['type']}-{task_config['index']}"
     tf = common.quiet_tensorflow()
     # Before any eager op: collectives are configured at the strategy's creation.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     import numpy as np  # pylint: disable=import-outside-toplevel
     from estimator_keras.engines import estimator as est  # pylint: disable=import-outside-toplevel
 
+    tf.keras.utils.set_random_seed(0)  # the same initial weights in every task
     ids = tf.keras.Input((LOOKUPS,), dtype="int64", name="ids")
     x = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(rows, DIM, name="table")(ids))
     model = tf.keras.Model(ids, tf.keras.layers.Dense(2, activation="softmax")(x))
@@ -86,8 +94,7 @@ def task():
     tf.estimator.train_and_evaluate(
         estimator, tf.estimator.TrainSpec(input_fn, max_steps=steps, hooks=[times]),
         tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0, throttle_secs=10**6))
-    if os.environ.get("TF_CONFIG") and json.loads(os.environ["TF_CONFIG"])["task"]["type"] \
-            == "chief":
+    if chief:
         measured = times.times[warmup - 1:]
         rate = (len(measured) - 1) / (measured[-1] - measured[0])
         with open(out, "w", encoding="utf-8") as f:
@@ -115,7 +122,8 @@ def _one(settings, mode, rows, steps, warmup, k):
     except (launcher.ClusterError, OSError, ValueError) as e:
         return {"error": f"{type(e).__name__}: {str(e)[-400:]}"}
     finally:
-        shutil.rmtree(os.path.join(folder, "model"), ignore_errors=True)
+        for name in ("model", "model-worker-0"):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
 
 def run(settings):

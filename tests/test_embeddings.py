@@ -104,7 +104,7 @@ def test_the_dense_sum_survives_model_to_estimators_optimizer_clone():
 
 
 @pytest.mark.skipif(not ESTIMATOR, reason="tf.estimator needs TensorFlow 2.15")
-def test_the_dense_sum_is_said_with_the_tables_size_under_multi_worker_mirrored_only():
+def test_the_estimator_engine_says_its_dense_sum_with_the_tables_size_under_mwms_only():
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
 
