@@ -171,19 +171,22 @@ def fit_numpy_steps(model, x, y, batch_size, steps, initial_epoch=0, callbacks=(
     """``model.fit`` on numpy arrays for exactly ``steps`` steps; returns the
     epoch to start the next call from.
 
-    Keras feeds numpy arrays through ONE pass of the data per epoch of the
-    call (``steps_per_epoch`` beyond a pass stops early, "ran out of data"),
-    so the steps are split into m epochs of ``steps / m`` steps, with m the
-    smallest divisor of ``steps`` whose epochs fit in a pass.
+    Keras stops an epoch that runs past the end of the arrays ("ran out of
+    data"), and Keras 3 starts the arrays afresh only once a pass is used
+    up: its epochs of ``steps_per_epoch`` steps go on where the last one
+    stopped. So the steps are whole passes, one epoch each, then one more
+    ``fit`` call for the rest, shorter than a pass, on a fresh pass.
     """
     per_pass = -(-len(y) // batch_size)
-    m = max(1, -(-steps // per_pass))
-    while steps % m:
-        m += 1
-    model.fit(x, y, batch_size=batch_size, initial_epoch=initial_epoch,
-              epochs=initial_epoch + m, steps_per_epoch=steps // m, shuffle=True, verbose=0,
-              callbacks=list(callbacks))
-    return initial_epoch + m
+    passes, rest = divmod(int(steps), per_pass)
+    epoch = initial_epoch
+    for epochs, length in ((passes, per_pass), (1 if rest else 0, rest)):
+        if epochs:
+            model.fit(x, y, batch_size=batch_size, initial_epoch=epoch, epochs=epoch + epochs,
+                      steps_per_epoch=length, shuffle=True, verbose=0,
+                      callbacks=list(callbacks))
+            epoch += epochs
+    return epoch
 
 
 class FitNumpyVariant(_StepWindow):

@@ -80,3 +80,23 @@ def test_engine_matrix_probes_the_keras3_engine():
     assert "ok (resumed at step 10, ended at 20)" in lines["rerun_resumes"], proc.stdout
     assert "refused: error: the keras3 engine" in lines["cluster"], proc.stdout
     assert "Keras 2" not in proc.stdout
+
+
+@pytest.mark.parametrize("steps", [5, 13, 30, 37])
+def test_fit_numpy_steps_runs_exactly_the_steps_asked_on_keras3(steps):
+    # Keras 3 goes on through the arrays from one epoch to the next and stops
+    # a fit whose epoch runs past their end: 30 steps as 3 epochs of 10 over
+    # a pass of 13 batches stopped after 13.
+    import keras  # pylint: disable=import-outside-toplevel
+    from benchmarks import training_table  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((200, 4)).astype("float32"), rng.integers(0, 3, 200)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    times = []
+    timer = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: times.append(1))
+    epoch = training_table.fit_numpy_steps(model, x, y, 16, steps, callbacks=[timer])
+    assert len(times) == steps and epoch >= 1
+    more = training_table.fit_numpy_steps(model, x, y, 16, steps, epoch, callbacks=[timer])
+    assert len(times) == 2 * steps and more > epoch
