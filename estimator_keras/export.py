@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 EXPORT_DIR = "export"
 BEST_DIR = "best"
 EXPORT_INFO = "export.json"
+# Where a group's chief sets the best evaluation's checkpoint aside (BestCandidate).
+CANDIDATE_DIR = "best-candidate"
+CANDIDATE_INFO = "candidate.json"
 
 
 def serving_functions(model, schema=None, features=None, class_names=None):
@@ -188,6 +191,82 @@ def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
             "metrics": {k: float(v) for k, v in metrics.items()}, "best_metric": metric})
     (log or logger.info)(f"new best {metric} {value:.4f}: exported {target}")
     return target
+
+
+class BestCandidate:
+    """``MODEL_DIR/best`` written once, when training ends, for a run whose
+    other processes would wait for every export (a JAX process group: they
+    meet the chief in the next step's collective). At each evaluation that
+    beats both ``best/`` and the candidate held, :meth:`consider` copies its
+    checkpoint (one file: the keras3 engine's) to ``MODEL_DIR/best-candidate``
+    with its metrics, which costs a file copy instead of an export;
+    :meth:`export` then writes ``best/`` from it. A run that dies first
+    leaves the candidate to the next run's end.
+
+    Example::
+
+        best = BestCandidate(model_dir, "accuracy")
+        best.consider(checkpoint, {"accuracy": 0.91})   # at each evaluation
+        best.export(build_model, engine.export_if_best, schema=schema)
+    """
+
+    def __init__(self, model_dir, metric, higher_is_better=True):
+        self.model_dir, self.metric, self.higher = str(model_dir), metric, higher_is_better
+        self.dir = io.join(self.model_dir, CANDIDATE_DIR)
+        self.info = self._read()
+
+    def _read(self):
+        path = io.join(self.dir, CANDIDATE_INFO)
+        if not io.exists(path):
+            return None
+        try:
+            info = json.loads(io.read_text(path))
+            float(info["metrics"][self.metric])
+            checkpoint = io.child(self.dir, info["file"], f"{path}'s \"file\"")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ModelDirError(
+                f"{path} is damaged ({e}); it should name a checkpoint file beside it and "
+                f"its metrics, {self.metric!r} among them. Delete {self.dir} (the best "
+                f"evaluation since MODEL_DIR/best was written is then forgotten).") from e
+        return info if io.exists(checkpoint) else None
+
+    def _better(self, value, than):
+        return than is None or (value > than if self.higher else value < than)
+
+    def consider(self, checkpoint, metrics):
+        """Sets ``checkpoint`` aside when its ``metrics`` beat ``best/`` and
+        the candidate held; returns whether it did."""
+        if self.metric not in metrics:
+            raise ModelDirError(f"best-model export: metric {self.metric!r} is not among the "
+                                f"eval metrics {sorted(metrics)}.")
+        value = float(metrics[self.metric])
+        held = float(self.info["metrics"][self.metric]) if self.info else None
+        recorded = _recorded_metric(io.join(self.model_dir, BEST_DIR), self.metric)
+        if not (self._better(value, held) and self._better(value, recorded)):
+            return False
+        name = io.basename(str(checkpoint))
+        io.makedirs(self.dir)
+        io.copy_file(checkpoint, io.join(self.dir, name))
+        info = {"file": name, "checkpoint": str(checkpoint),
+                "metrics": {k: float(v) for k, v in metrics.items()}}
+        io.atomic_write(io.join(self.dir, CANDIDATE_INFO), json.dumps(info, indent=1) + "\n")
+        if self.info and self.info["file"] != name:
+            io.remove(io.join(self.dir, self.info["file"]))
+        self.info = info
+        return True
+
+    def export(self, model_builder, export_if_best, **options):
+        """Writes ``best/`` from the candidate where it still beats it (with
+        ``export_if_best``, an engine's), then drops the candidate; returns
+        the export dir, or None."""
+        if self.info is None:
+            return None
+        target = export_if_best(model_builder, self.model_dir,
+                                io.join(self.dir, self.info["file"]), self.info["metrics"],
+                                self.metric, self.higher, **options)
+        io.rmtree(self.dir)
+        self.info = None
+        return target
 
 
 def _in_eager_thread(fn, *args, **kwargs):

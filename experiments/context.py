@@ -283,6 +283,10 @@ class RunContext:
         changed = config_files.changed_settings(model_dir, config, dataset_path, data)
         latest = engine_obj.latest_checkpoint(str(model_dir))
         start_step = (engine_obj.checkpoint_step(latest) or 0) if latest else 0
+        if hasattr(distribute, "from_process_0"):
+            # A group starts where process 0's model dir says, whatever the
+            # others see: they all train, or none does.
+            start_step = int(distribute.from_process_0(start_step))
         seed = base.run_seed(config.train.seed, start_step)
         policy, policy_reason = precision.resolve(config.train.precision)
         if config.train.precision != "float32":

@@ -28,7 +28,7 @@ from estimator_keras.cloud import hypertune
 from estimator_keras.engines import base
 from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
-                                    ModelDirError, TensorFlowError)
+                                    ModelDirError, Preempted, TensorFlowError)
 from estimator_keras.modeldir import ModelDirLock
 from experiments import context as context_lib
 from experiments import config_files, data_info, datasets
@@ -64,6 +64,8 @@ class Runner:
 
     def __init__(self, context):
         self.ctx = context
+        # Set on a chief whose best-model exports would hold its group up.
+        self.best = None
 
     def run(self):
         roles = {"chief": self.chief, "worker": self.worker, "evaluator": self.evaluator,
@@ -83,7 +85,15 @@ class Runner:
             config_files.write(ctx.model_dir, ctx.config, ctx.dataset_path, ctx.data)
             if latest and (ctx.engine.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
                 return self._already_trained(latest)
-            result = self._train(is_chief=True)
+            if getattr(ctx.distribute, "chief_work_stalls_others", False):
+                self.best = export_lib.BestCandidate(ctx.model_dir, ctx.config.best_metric,
+                                                     ctx.config.higher_is_better)
+            try:
+                result = self._train(is_chief=True)
+            except Preempted:
+                self._export_best()
+                raise
+            self._export_best()
             metrics = result.metrics
             if metrics is None:
                 # In a cluster only the evaluator evaluates; the chief's
@@ -96,6 +106,13 @@ class Runner:
 
     def worker(self):
         """Trains its share in step with the chief; exports nothing."""
+        ctx = self.ctx
+        if (hasattr(ctx.distribute, "from_process_0")
+                and ctx.start_step >= ctx.config.train.max_steps):
+            # Process 0 trains nothing either (the step is its, see RunContext).
+            ctx.log(f"process 0's model dir is already at step {ctx.start_step} (--max-steps "
+                    f"{ctx.config.train.max_steps}): nothing to train")
+            return None, None
         self._check_checkpoint()
         self._train(is_chief=False)
         self.ctx.engine.finish_worker(self.ctx.model_dir, self.ctx.info.task_index,
@@ -157,10 +174,26 @@ class Runner:
 
     def _on_evaluation(self, checkpoint, metrics):
         ctx = self.ctx
+        if self.best is not None:
+            if self.best.consider(checkpoint, metrics):
+                ctx.log(f"best {ctx.config.best_metric} so far "
+                        f"{float(metrics[ctx.config.best_metric]):.4f}: its checkpoint is set "
+                        f"aside; {export_lib.BEST_DIR}/ is written when training ends")
+            return
         ctx.engine.export_if_best(ctx.build_model, ctx.model_dir, checkpoint, metrics,
                                   ctx.config.best_metric, ctx.config.higher_is_better,
-                                  schema=ctx.schema, features=ctx.config.data.features,
-                                  log=ctx.log, class_names=ctx.data.class_names)
+                                  **self._best_options())
+
+    def _best_options(self):
+        ctx = self.ctx
+        return dict(schema=ctx.schema, features=ctx.config.data.features, log=ctx.log,
+                    class_names=ctx.data.class_names)
+
+    def _export_best(self):
+        """``best/`` of the candidate a group's chief set aside (see _on_evaluation)."""
+        if self.best is not None:
+            self.best.export(self.ctx.build_model, self.ctx.engine.export_if_best,
+                             **self._best_options())
 
     def _report(self, metrics):
         """TensorBoard's HParams row of this run and a tuning trial's metric."""

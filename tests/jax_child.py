@@ -1,7 +1,9 @@
 """One process of a JAX process group, for tests/test_jax_cluster.py: trains
 a small model with the keras3 engine on generated data, each process on its
 own share, and writes what it saw to OUT/process-<rank>.npz: its final
-weights, the step, the ids of the examples its pipeline handed out,
+weights, the step, its log, the group's final evaluation (and on process 0
+its own evaluation of the last checkpoint, alone over the whole eval split),
+the ids of the examples its pipeline handed out,
 (process 0) how many examples the training steps computed on, from a
 metric that counts the global batch, and every file or folder Python code
 created for writing while it trained (an audit hook).
@@ -11,6 +13,7 @@ created for writing while it trained (an audit hook).
 The group comes from the environment (TF_CONFIG here), as ``train`` reads it.
 """
 
+import json
 import os
 import sys
 
@@ -21,6 +24,7 @@ from estimator_keras.engines import base
 
 BATCH = 8
 EXAMPLES = 512
+EVAL_EXAMPLES = 72  # 9 batches: the processes' shares differ
 FEATURES = 6
 
 
@@ -49,6 +53,12 @@ class Writes:
 
 
 def main(model_dir, out, steps):
+    lines = []
+
+    def log(message):
+        print(message, flush=True)
+        lines.append(message)
+
     engines.prepare_keras("keras3")
     _, group = engines.cluster_info("keras3")
     distribution = group.distribution()
@@ -78,8 +88,10 @@ def main(model_dir, out, steps):
             f, label, tf.py_function(note, [i], tf.int64))).map(lambda f, label, i: (f, label))
 
     def eval_data(input_context=None):
-        del input_context
-        return tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(BATCH)
+        data = tf.data.Dataset.from_tensor_slices((x[:EVAL_EXAMPLES], y[:EVAL_EXAMPLES]))
+        if input_context is not None:
+            data = data.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return data.batch(BATCH)
 
     def build():
         inputs = keras.Input((FEATURES,))
@@ -90,11 +102,19 @@ def main(model_dir, out, steps):
         model_dir=model_dir, build_model=build, loss="sparse_categorical_crossentropy",
         metrics=lambda: ["accuracy", ExamplesSeen()], train_data=train_data, eval_data=eval_data,
         max_steps=steps, eval_every_steps=steps, batch_size=BATCH, seed=3,
-        strategy=distribution, chief=group.is_writer)
+        strategy=distribution, chief=group.is_writer, hooks=base.TrainingHooks(log))
     writes = Writes()
     writes.recording = True
-    result = engines.get_engine("keras3").train(plan)
+    engine = engines.get_engine("keras3")
+    result = engine.train(plan)
     writes.recording = False
+    # The group's evaluation (each process its share) and process 0's own
+    # evaluation of the same checkpoint, alone over the whole split.
+    metrics = {k: v for k, v in (result.metrics or {}).items() if k != "global_step"}
+    alone = {}
+    if group.is_writer:
+        alone = engine.evaluate(plan, engine.latest_checkpoint(model_dir))
+        alone.pop("global_step")
     weights = result.model.get_weights()
     # The chief's training scalars: examples per epoch, as the model saw them.
     counted = -1.0
@@ -107,6 +127,8 @@ def main(model_dir, out, steps):
     np.savez(os.path.join(out, f"process-{rank}.npz"), step=result.global_step,
              seen=np.asarray(sorted(seen), "int64"), processes=processes, counted=counted,
              files_written=np.asarray(writes.paths, dtype=str),
+             log=np.asarray(lines, dtype=str), metrics=json.dumps(metrics),
+             alone=json.dumps(alone),
              **{f"w{i}": w for i, w in enumerate(weights)})
 
 

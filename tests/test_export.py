@@ -285,3 +285,75 @@ def test_two_input_model_trains_from_mapped_features(tmp_path):
     metrics = est_lib.train_and_evaluate(est, train_fn, eval_fn, max_steps=100,
                                          log_every_steps=1000)
     assert metrics["accuracy"] > 0.85
+
+
+class _Exports:
+    """Records what BestCandidate.export asks of an engine's export_if_best,
+    and reads the candidate's file while it is there."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, model_builder, model_dir, checkpoint, metrics, metric,
+                 higher_is_better, **options):
+        with open(checkpoint, "rb") as f:
+            self.calls.append((checkpoint, f.read(), dict(metrics), metric, higher_is_better,
+                               options))
+        return os.path.join(model_dir, export_lib.BEST_DIR)
+
+
+def _checkpoint(model_dir, step, content):
+    path = os.path.join(model_dir, f"ckpt-{step}.weights.h5")
+    with open(path, "wb") as f:
+        f.write(content)
+    return path
+
+
+@pytest.mark.parametrize("higher", [True, False])
+def test_best_candidate_keeps_the_best_evaluation_until_the_end(tmp_path, higher):
+    model_dir = str(tmp_path)
+    # A metric that improves downward (a loss) sets aside the lowest, upward the highest.
+    values = [0.5, 0.7, 0.6] if higher else [0.5, 0.3, 0.4]
+    best = export_lib.BestCandidate(model_dir, "m", higher_is_better=higher)
+    kept = [best.consider(_checkpoint(model_dir, step, b"w%d" % step), {"m": value, "x": 1})
+            for step, value in zip((10, 20, 30), values)]
+    assert kept == [True, True, False]
+    candidate = tmp_path / export_lib.CANDIDATE_DIR
+    # One file set aside: the second evaluation's, the first's dropped.
+    assert sorted(os.listdir(candidate)) == ["candidate.json", "ckpt-20.weights.h5"]
+    # A run that dies here leaves it to the next run, which still compares with it.
+    again = export_lib.BestCandidate(model_dir, "m", higher_is_better=higher)
+    assert not again.consider(_checkpoint(model_dir, 40, b"w40"), {"m": values[2], "x": 1})
+    exports = _Exports()
+    assert again.export("builder", exports, schema="s") == str(tmp_path / "best")
+    [(path, content, metrics, metric, up, options)] = exports.calls
+    assert (content, metrics, metric, up, options) == (b"w20", {"m": values[1], "x": 1.0},
+                                                       "m", higher, {"schema": "s"})
+    assert os.path.basename(path) == "ckpt-20.weights.h5"
+    assert not candidate.exists()
+    assert again.export("builder", exports) is None and len(exports.calls) == 1
+
+
+def test_best_candidate_must_beat_the_best_export_already_written(tmp_path):
+    best_dir = tmp_path / export_lib.BEST_DIR
+    best_dir.mkdir()
+    (best_dir / export_lib.EXPORT_INFO).write_text(json.dumps({"metrics": {"m": 0.8}}))
+    best = export_lib.BestCandidate(str(tmp_path), "m")
+    assert not best.consider(_checkpoint(str(tmp_path), 10, b"w"), {"m": 0.7})
+    assert not (tmp_path / export_lib.CANDIDATE_DIR).exists()
+    assert best.consider(_checkpoint(str(tmp_path), 20, b"w"), {"m": 0.9})
+    with pytest.raises(ModelDirError, match="'m' is not among the eval metrics"):
+        best.consider(_checkpoint(str(tmp_path), 30, b"w"), {"loss": 0.1})
+
+
+@pytest.mark.parametrize("info", [
+    "{not json",
+    json.dumps({"file": "ckpt-20.weights.h5", "metrics": {"other": 1.0}}),
+    json.dumps({"file": "../../outside.weights.h5", "metrics": {"m": 1.0}}),
+])
+def test_a_damaged_best_candidate_is_named_and_nothing_outside_is_read(tmp_path, info):
+    candidate = tmp_path / export_lib.CANDIDATE_DIR
+    candidate.mkdir()
+    (candidate / export_lib.CANDIDATE_INFO).write_text(info)
+    with pytest.raises(ModelDirError, match=re.escape(str(candidate / "candidate.json"))):
+        export_lib.BestCandidate(str(tmp_path), "m")

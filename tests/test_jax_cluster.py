@@ -3,9 +3,13 @@ processes on 127.0.0.1, each bounded by a timeout and ended by PID.
 
 - two and three processes train as one: identical weights in every process,
   each pipeline on its own share, and the training steps computed on
-  processes x batch examples each (tests/jax_child.py);
+  processes x batch examples each (tests/jax_child.py); each evaluates its
+  share of the eval split, and the combined metrics are one process's;
+- every process resumes from process 0's checkpoint, even from a model dir
+  of its own that holds none;
 - ``cluster --engine keras3 --workers 1``: trains, exports once (process 0),
-  and a rerun of the finished run is a no-op on every process;
+  writes ``best/`` once, after training, and a rerun of the finished run is
+  a no-op on every process;
 - SIGTERM to the launcher, or to process 0 alone, stops every process after
   one checkpoint of a step they agree on (exit 75), and a rerun resumes it;
 - SIGKILL of a process stops the others, and a rerun resumes.
@@ -15,6 +19,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +40,7 @@ pytestmark = [
 
 TIMEOUT = 300
 BATCH = 8  # tests/jax_child.py's
+EVAL_EXAMPLES = 72  # tests/jax_child.py's
 
 
 def _free_port():
@@ -52,21 +58,22 @@ def _tf_config(coordinator, processes, rank):
     return json.dumps({"cluster": cluster, "task": task})
 
 
-@pytest.mark.parametrize("processes", [2, 3])
-def test_processes_train_as_one(processes, tmp_path):
-    steps = 12
+def _run_group(tmp_path, name, steps, model_dirs):
+    """Runs tests/jax_child.py in len(model_dirs) processes, process r on
+    model_dirs[r]; returns each process's results (its npz)."""
+    processes = len(model_dirs)
     coordinator = f"127.0.0.1:{_free_port()}"
-    out = tmp_path / "out"
+    out = tmp_path / name
     out.mkdir()
     procs = []
     try:
         for rank in range(processes):
             env = child_env(KERAS_BACKEND="jax",
                             TF_CONFIG=_tf_config(coordinator, processes, rank))
-            log = open(tmp_path / f"process-{rank}.log", "w")
+            log = open(out / f"process-{rank}.log", "w")
             procs.append(subprocess.Popen(
                 [sys.executable, os.path.join(ROOT, "tests", "jax_child.py"),
-                 str(tmp_path / "model"), str(out), str(steps)],
+                 str(model_dirs[rank]), str(out), str(steps)],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True))
             log.close()
@@ -77,9 +84,20 @@ def test_processes_train_as_one(processes, tmp_path):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
-    logs = [(tmp_path / f"process-{r}.log").read_text()[-3000:] for r in range(processes)]
+    logs = [(out / f"process-{r}.log").read_text()[-3000:] for r in range(processes)]
     assert [p.returncode for p in procs] == [0] * processes, logs
-    results = [np.load(out / f"process-{r}.npz") for r in range(processes)]
+    return [np.load(out / f"process-{r}.npz") for r in range(processes)]
+
+
+def _weights(result):
+    return [result[k] for k in sorted((k for k in result.files if k.startswith("w")),
+                                      key=lambda k: int(k[1:]))]
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_processes_train_as_one(processes, tmp_path):
+    steps = 12
+    results = _run_group(tmp_path, "out", steps, [tmp_path / "model"] * processes)
     weights = sorted(k for k in results[0].files if k.startswith("w"))
     assert weights
     for rank, result in enumerate(results):
@@ -104,6 +122,46 @@ def test_processes_train_as_one(processes, tmp_path):
         assert written == [], (rank, list(result["files_written"]))
     assert latest_step(tmp_path / "model") == steps
     assert not [n for n in os.listdir(tmp_path / "model") if n.startswith(".")]
+    # Each process evaluated its own share of the eval split, and the
+    # combined metrics are one process's evaluation of the whole split.
+    shares = []
+    for rank, result in enumerate(results):
+        told = [line for line in result["log"] if "evaluation shared by" in str(line)]
+        assert len(told) == 1, (rank, list(result["log"]))
+        share, whole = map(int, re.search(r"evaluates (\d+) of the (\d+) examples",
+                                          str(told[0])).groups())
+        assert whole == EVAL_EXAMPLES and share < whole
+        shares.append(share)
+        assert json.loads(str(result["metrics"])) == json.loads(str(results[0]["metrics"]))
+    assert sum(shares) == EVAL_EXAMPLES
+    combined = json.loads(str(results[0]["metrics"]))
+    alone = json.loads(str(results[0]["alone"]))
+    assert set(combined) == set(alone) == {"loss", "accuracy", "examples_seen"}
+    assert combined["examples_seen"] == alone["examples_seen"] == EVAL_EXAMPLES
+    assert combined["accuracy"] == pytest.approx(alone["accuracy"], abs=1e-6)
+    assert combined["loss"] == pytest.approx(alone["loss"], rel=1e-5)
+
+
+def test_every_process_resumes_from_the_checkpoint_process_0_chose(tmp_path):
+    """Process 1 sees an empty model dir of its own (one that is not shared):
+    it resumes from process 0's checkpoint all the same, as if the dir were
+    shared, and writes nothing."""
+    first = tmp_path / "first"
+    _run_group(tmp_path, "out-first", 12, [first, first])
+    assert latest_step(first) == 12
+    shared, apart, empty = tmp_path / "shared", tmp_path / "apart", tmp_path / "empty"
+    shutil.copytree(first, shared)
+    shutil.copytree(first, apart)
+    expected = _run_group(tmp_path, "out-shared", 24, [shared, shared])
+    results = _run_group(tmp_path, "out-apart", 24, [apart, empty])
+    for rank, result in enumerate(results):
+        assert int(result["step"]) == 24
+        resumed = [str(line) for line in result["log"] if "resuming from" in str(line)]
+        assert resumed and "step 12, process 0's choice" in resumed[0], (rank, resumed)
+        for got, want in zip(_weights(result), _weights(expected[rank])):
+            np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"process {rank}")
+    assert latest_step(apart) == 24
+    assert os.listdir(empty) == []
 
 
 def _cluster_args(fashion_data, model_dir, log_dir, max_steps, eval_every, *extra):
@@ -160,6 +218,16 @@ def test_cluster_trains_exports_once_and_a_finished_rerun_is_a_noop(fashion_data
     assert (model_dir / "export" / "model.keras").is_file()
     assert json.loads((model_dir / "export" / "export.json").read_text())["global_step"] == 40
     assert checkpoint_steps(model_dir) == [0, 20, 40]
+    # best/ is written once, after training: an evaluation only sets its
+    # checkpoint aside, so no export holds the worker up meanwhile.
+    evaluated = [float(a) for a in re.findall(r"evaluated step \d+: accuracy ([\d.]+)", chief)]
+    assert len(evaluated) == 2
+    assert "its checkpoint is set aside" in chief
+    assert chief.count("new best accuracy") == 1
+    assert chief.index("new best accuracy") > chief.index("trained to step 40")
+    best = json.loads((model_dir / "best" / "export.json").read_text())
+    assert best["metrics"]["accuracy"] == pytest.approx(max(evaluated), abs=1e-4)
+    assert not (model_dir / "best-candidate").exists()
 
     index = model_dir / "keras3-checkpoints.json"
     written = index.stat().st_mtime_ns
@@ -235,10 +303,14 @@ def test_sigterm_checkpoints_an_agreed_step_and_a_rerun_resumes(target, fashion_
     rc, out = _run_cluster(_cluster_args(fashion_data, model_dir, logs, saved + 20, 2500,
                                          *every), tmp_path, "again")
     assert rc == 0, out[-4000:]
-    # Every process restores the checkpoint process 0 saved.
-    for name in ("chief-0", "worker-0"):
+    # Process 0 restores the checkpoint it saved, and every process gets it.
+    resumed = {"chief-0": f"resuming from {model_dir / f'ckpt-{saved}.weights.h5'} "
+                          f"(step {saved}, process 0's choice)",
+               "worker-0": f"resuming from process 0's checkpoint (step {saved}, "
+                           f"process 0's choice)"}
+    for name, line in resumed.items():
         log = (logs / f"{name}.log").read_text()
-        assert f"resuming from {model_dir / f'ckpt-{saved}.weights.h5'}" in log, name
+        assert line in log, name
         assert f"trained to step {saved + 20}" in log, name
 
 

@@ -242,6 +242,9 @@ class DataParallelProcesses:
       shared_seed: a random seed, the same in every process.
       input_shard: (processes, this process's rank), for the input pipeline.
       description: what it runs, for the run's first line.
+      chief_work_stalls_others: True: the runner writes ``MODEL_DIR/best``
+        once, when training ends (see
+        :class:`~estimator_keras.export.BestCandidate`).
     """
 
     def __init__(self, group, timeout=JOIN_TIMEOUT_SECS):
@@ -249,6 +252,9 @@ class DataParallelProcesses:
         import jax
         import keras
         self.group = group
+        # Whatever the chief does alone (a best-model export) holds every
+        # other process in the next step's collective meanwhile.
+        self.chief_work_stalls_others = True
         # Collectives between CPU processes need gloo; GPUs keep NCCL.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         # The engine's PreemptionWatch answers SIGTERM (a checkpoint all
@@ -282,8 +288,34 @@ class DataParallelProcesses:
     def _broadcast(value):
         # pylint: disable=import-outside-toplevel
         import numpy as np
+        return DataParallelProcesses.from_process_0(np.int32(value)).item()
+
+    @staticmethod
+    def from_process_0(values):
+        """Process 0's ``values`` (numbers or numpy arrays, nested in lists,
+        tuples or dicts) in every process; the others pass values of the
+        same shapes and dtypes, which are dropped. Every process must call
+        it at the same point."""
+        # pylint: disable=import-outside-toplevel
+        import jax
+        import numpy as np
         from jax.experimental import multihost_utils
-        return np.asarray(multihost_utils.broadcast_one_to_all(np.int32(value))).item()
+        # Python's integers as JAX's (32 bits unless x64 is on).
+        values = jax.tree.map(lambda v: np.asarray(v, np.int32) if isinstance(v, int)
+                              else np.asarray(v), values)
+        return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(values))
+
+    @staticmethod
+    def sum_over_processes(values):
+        """The sums of ``values`` (a list of numpy arrays, the same shapes in
+        every process) over all processes; every process must call it at
+        the same point."""
+        # pylint: disable=import-outside-toplevel
+        import numpy as np
+        from jax.experimental import multihost_utils
+        gathered = multihost_utils.process_allgather([np.asarray(v) for v in values])
+        return [np.asarray(g).sum(axis=0).astype(np.asarray(v).dtype)
+                for g, v in zip(gathered, values)]
 
     def scope(self):
         """Where models are built and trained over all processes."""

@@ -32,8 +32,11 @@ It keeps the other engines' contract:
 - several processes on the JAX backend (the plan's strategy a
   :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`):
   fit runs in its scope, each process on its own share of the training data;
-  the chief alone writes the checkpoints; the processes agree on the step a
-  preemption stops at.
+  every process starts from process 0's checkpoint (process 0 restores it,
+  then broadcasts the state), so no other process reads the model dir; each
+  evaluates its share of the eval split and the metrics' states are summed
+  (:class:`ShardedEvaluation`); the chief alone writes the checkpoints; the
+  processes agree on the step a preemption stops at.
 
 Example::
 
@@ -49,6 +52,7 @@ import math
 import warnings
 
 import keras
+import numpy as np
 
 from estimator_keras import io, memory, model_inputs, summaries
 from estimator_keras.distribute.jax_processes import DataParallelProcesses
@@ -204,12 +208,14 @@ class Evaluations(keras.callbacks.Callback):
     multiple or ``max_steps``): the checkpoint, the summaries, the reported
     evaluation and the early-stopping rule."""
 
-    def __init__(self, plan, saved, start=0):
+    def __init__(self, plan, saved, start=0, group=None):
         super().__init__()
         self.plan, self.saved, self.start = plan, saved, start
         self.metrics = None
         self.stopped = False
         self.history = []
+        # A group evaluates in shares, each process its own.
+        self.sharded = ShardedEvaluation(plan, group) if group is not None else None
         self.writers = {}
         if plan.chief and importlib.util.find_spec("tensorboard") is not None:
             log_dir = plan.summary_dir or plan.model_dir
@@ -223,7 +229,10 @@ class Evaluations(keras.callbacks.Callback):
         if plan.chief:
             self.saved = saved
         memory.release_free_memory()
-        metrics = base.validation_metrics(logs)
+        if self.sharded is not None:
+            metrics = self.sharded(self.model)
+        else:
+            metrics = base.validation_metrics(logs)
         if self.writers:
             self.writers["train"].write({f"epoch_{k}": v for k, v in logs.items()
                                          if not k.startswith("val_")}, step)
@@ -233,7 +242,7 @@ class Evaluations(keras.callbacks.Callback):
         self.metrics = metrics
         stop = plan.early_stopping
         # Every process gets the same metrics, so all stop together; the
-        # chief's best-model export computes in its own process.
+        # chief's hooks compute in its own process.
         with _alone(plan.strategy):
             stopping = base.record_evaluation(plan.hooks, step, metrics, self.saved,
                                               plan.chief, stop, self.history)
@@ -245,6 +254,52 @@ class Evaluations(keras.callbacks.Callback):
     def close(self):
         for writer in self.writers.values():
             writer.close()
+
+
+class ShardedEvaluation:
+    """A JAX process group's evaluation: each process evaluates its share of
+    the eval split (:func:`_eval_share`) alone, on a copy of the trained
+    weights, and the metrics' states (Keras' totals, counts and confusion
+    matrices, which add up) are summed over the processes. The numbers are
+    those of one process evaluating the whole split, for 1/N of the work
+    in each."""
+
+    def __init__(self, plan, group):
+        self.plan, self.group = plan, group
+        with group.alone():
+            self.model = compile_for_keras3(plan)
+        self.data = _eval_share(plan, self.model, group)
+        self.told = False
+
+    def __call__(self, trained):
+        weights = [keras.ops.convert_to_numpy(v) for v in trained.weights]
+        model = self.model
+        with self.group.alone(), _quiet_end_of_data():
+            model.set_weights(weights)
+            model.reset_metrics()
+            model.evaluate(self.data, verbose=0)
+            states = [v for metric in model.metrics for v in metric.variables]
+            local = [keras.ops.convert_to_numpy(v) for v in states]
+            totals = self.group.sum_over_processes(local)
+            for variable, total in zip(states, totals):
+                variable.assign(total)
+            metrics = {k: float(v) for k, v in model.get_metrics_result().items()}
+        if not self.told:
+            self.told = True
+            self._tell(local, totals, states)
+        return metrics
+
+    def _tell(self, local, totals, states):
+        """Logs once what share of the examples this process evaluated (the
+        loss's count of examples)."""
+        loss = next((m for m in self.model.metrics if m.name == "loss"), None)
+        count = getattr(loss, "count", None)
+        if count is None:
+            return
+        index = next(i for i, v in enumerate(states) if v is count)
+        self.plan.hooks.log(
+            f"evaluation shared by {self.group.group.num_processes} processes: this one "
+            f"evaluates {int(local[index])} of the {int(totals[index])} examples")
 
 
 def call_lengths(steps, full):
@@ -356,6 +411,64 @@ def restore(model, checkpoint, log=None):
     return step
 
 
+def _chosen_step(checkpoint):
+    """The step a run continues from ``checkpoint``; -1 for none."""
+    if not checkpoint:
+        return -1
+    return checkpoint_step(checkpoint) or 0
+
+
+def _restore_from_process_0(model, plan, group, checkpoint, step):
+    """Gives every process of ``group`` process 0's state: its checkpoint
+    (``checkpoint``, of ``step``; -1 for none), restored by process 0 alone
+    into a model of its own, then broadcast into ``model``'s weights, seeds
+    and optimizer in every process, so that no process reads the model dir
+    but process 0. Returns (step, the step the optimizer's count started
+    at)."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    state = list(model.variables) + list(model.optimizer.variables)
+    values = [keras.ops.convert_to_numpy(v) for v in state]
+    error = None
+    if checkpoint:
+        try:
+            values = _restored_alone(plan, group, checkpoint, state)
+        except Exception as e:  # pylint: disable=broad-except  (raised below, once all know)
+            error = e
+    # A failure on process 0 stops every process, rather than leave them
+    # waiting for its values.
+    if group.from_process_0(np.int32(error is not None)).item():
+        if error is not None:
+            raise error
+        raise ModelDirError("process 0 could not restore its checkpoint (its log says why); "
+                            "this process stops with it.")
+    values = group.from_process_0(values)
+    for variable, value in zip(state, values):
+        variable.assign(value)
+    if step >= 0:
+        where = checkpoint or "process 0's checkpoint"
+        plan.hooks.log(f"resuming from {where} (step {step}, process 0's choice)")
+    return max(step, 0), _start_at(model, plan, max(step, 0))
+
+
+def _restored_alone(plan, group, checkpoint, state):
+    """``checkpoint`` restored into a model of this process alone (assigning
+    to the group's variables is a collective): the values of ``state``, the
+    group model's variables, in its order."""
+    with group.alone():
+        own = compile_for_keras3(plan)
+        restore(own, checkpoint, plan.hooks.log)
+        if not own.optimizer.built:
+            own.optimizer.build(own.trainable_variables)
+        restored = list(own.variables) + list(own.optimizer.variables)
+    if [tuple(v.shape) for v in restored] != [tuple(v.shape) for v in state]:
+        raise ModelDirError(
+            f"checkpoint {checkpoint} restored into {len(restored)} variables, where the "
+            f"model trained across processes has {len(state)}, or of other shapes: the "
+            f"model builder does not build the same model twice.")
+    return [keras.ops.convert_to_numpy(v) for v in restored]
+
+
 def _start_at(model, plan, step):
     """Where the optimizer's own count started (see :func:`restore`); a
     learning-rate schedule then reads the run's step, not the optimizer's."""
@@ -387,14 +500,18 @@ def _scope(strategy):
 
 
 def _datasets(plan, model):
-    """(train, eval) datasets; under a strategy the training batches are per replica."""
+    """(train, eval) datasets; under a strategy the training batches are per
+    replica; a JAX process group gets no eval dataset (ShardedEvaluation
+    reads its own)."""
     if plan.strategy is None or isinstance(plan.strategy, DataParallelProcesses):
         # A process of a group reads its own share already (the plan's input_fn).
         train = _as_built(model, plan.train_data(input_context=None))
     else:
         train = plan.strategy.distribute_datasets_from_function(
             lambda ctx: _as_built(model, plan.train_data(input_context=ctx)))
-    return train, _eval_data(plan, model)
+    # A JAX process group evaluates its shares itself (ShardedEvaluation).
+    group = isinstance(plan.strategy, DataParallelProcesses)
+    return train, None if group else _eval_data(plan, model)
 
 
 def _eval_data(plan, model):
@@ -403,6 +520,21 @@ def _eval_data(plan, model):
     Keras' whole calls of several steps."""
     data = _as_built(model, plan.eval_data(input_context=None))
     return data.take(plan.eval_steps) if plan.eval_steps else data
+
+
+def _eval_share(plan, model, group):
+    """This process's share of the eval split: with ``eval_steps``, every
+    N-th of the batches one process would read; else the records its
+    ``tf.distribute.InputContext`` gives it (the plan's ``eval_data`` takes
+    one, as :func:`estimator_keras.make_input_fn`'s does)."""
+    processes, rank = group.input_shard
+    if plan.eval_steps:
+        return _eval_data(plan, model).shard(processes, rank)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.data's)
+    context = tf.distribute.InputContext(num_input_pipelines=processes,
+                                         input_pipeline_id=rank,
+                                         num_replicas_in_sync=processes)
+    return _as_built(model, plan.eval_data(input_context=context))
 
 
 def _as_built(model, data):
@@ -436,13 +568,19 @@ def _evaluate(model, plan, step):
 def _fit(plan):
     hooks = plan.hooks
     io.makedirs(plan.model_dir)
+    group = plan.strategy if isinstance(plan.strategy, DataParallelProcesses) else None
     latest = ckpts.latest(plan.model_dir)
     other = None if latest else _tf_checkpoint(plan.model_dir)
-    if (isinstance(plan.strategy, DataParallelProcesses) and latest
-            and ckpts.step_of(latest) >= plan.max_steps):
-        # Finished: no process joins a collective step (the runner evaluates
-        # and exports on the chief alone).
-        return base.RunResult(None, None, ckpts.step_of(latest), latest if plan.chief else None)
+    if group is not None:
+        # Process 0's checkpoint is everybody's: a model dir the others see
+        # late, or not at all, cannot split the group.
+        if not plan.chief:
+            latest = other = None
+        chosen = group.from_process_0(np.int32(_chosen_step(latest or other))).item()
+        if chosen >= plan.max_steps:
+            # Finished: no process joins a collective step (the runner
+            # evaluates and exports on the chief alone).
+            return base.RunResult(None, None, chosen, latest if plan.chief else None)
     # Processes of a group must initialize the same weights.
     seed = plan.seed if plan.seed is not None else getattr(plan.strategy, "shared_seed", None)
     if seed is not None:
@@ -452,7 +590,9 @@ def _fit(plan):
     with _scope(plan.strategy):
         model = compile_for_keras3(plan, MAX_STEPS_PER_EXECUTION)
         step = start = 0
-        if latest or other:
+        if group is not None:
+            step, start = _restore_from_process_0(model, plan, group, latest or other, chosen)
+        elif latest or other:
             step = restore(model, latest or other, hooks.log)
             start = _start_at(model, plan, step)
             how = "" if latest else ", a checkpoint of another engine"
@@ -475,7 +615,7 @@ def _fit(plan):
     replicas = plan.strategy.num_replicas_in_sync if plan.strategy is not None else 1
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
                                plan.max_steps)
-    evaluations = Evaluations(plan, saved, start)
+    evaluations = Evaluations(plan, saved, start, group)
     steps = TrainingSteps(plan, meter, lambda: evaluations.saved, model, start)
     train_data, eval_data = _datasets(plan, model)
     every = plan.eval_every_steps
