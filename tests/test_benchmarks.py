@@ -893,3 +893,54 @@ def test_embedding_table_alternates_and_compares_per_repeat(settings, monkeypatc
     assert rows == {"dense sum": 2.0, "sparse sum": 20.0}
     assert result["notes"][1] == "sparse / dense steps/s per repeat: 10, 30, 2"
     assert result["notes"][2] == "sparse / dense of the medians: 10"
+
+
+def test_every_table_names_its_commit_and_whether_its_code_changed_since():
+    """BENCHMARKS.md's "Where each table comes from": every table once, with
+    the commit it ran on and its published file; "current" only where git
+    shows none of its code changed since that commit, "stale: why" only
+    where some did."""
+    from benchmarks import cli, provenance  # pylint: disable=import-outside-toplevel
+
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        runs = provenance.read_runs(f.read())
+    assert set(runs) == set(cli.TABLES)
+    for table, run in runs.items():
+        assert os.path.isfile(os.path.join(ROOT, run["file"])), (table, run["file"])
+        changed = provenance.changed_since(run["commit"], provenance.code_paths(table))
+        if run["state"] == "current":
+            assert changed == [], f"table {table} is called current, but since {run['commit']} " \
+                                  f"these changed: {changed}"
+        else:
+            assert run["state"].startswith("stale: ") and len(run["state"]) > len("stale: "), \
+                (table, run["state"])
+            assert changed, f"table {table} is called stale, but none of its code changed " \
+                            f"since {run['commit']}: call it current"
+
+
+def test_a_tables_code_is_the_library_and_the_benchmark_modules_that_run_it():
+    from benchmarks import provenance  # pylint: disable=import-outside-toplevel
+
+    paths = provenance.code_paths("cadence")
+    for path in ("estimator_keras", "experiments", "setup.py", "benchmarks/cadence_table.py",
+                 "benchmarks/cli.py", "benchmarks/common.py", "benchmarks/rounds.py"):
+        assert path in paths
+    assert "benchmarks/embedding_table.py" not in paths
+    assert "benchmarks/embedding_table.py" in provenance.code_paths("embedding")
+    # A file a table runs through that changed since a commit is found.
+    first = subprocess.run(["git", "-C", ROOT, "rev-list", "--max-parents=0", "HEAD"],
+                           capture_output=True, text=True, check=True).stdout.split()[0]
+    assert "estimator_keras/engines/keras3.py" in provenance.changed_since(first, paths)
+    with pytest.raises(RuntimeError, match="does not know commit 0000000"):
+        provenance.changed_since("0000000", paths)
+
+
+def test_benchmarks_md_runs_section_refuses_a_table_listed_twice():
+    from benchmarks import provenance  # pylint: disable=import-outside-toplevel
+
+    row = "| `cadence` | `a3b9aee` | then | `x.json` | current |"
+    text = f"{provenance.SECTION}\n\n| table | commit | run | file | state |\n{row}\n{row}\n"
+    with pytest.raises(ValueError, match="twice"):
+        provenance.read_runs(text)
+    assert provenance.read_runs(text.replace(row + "\n", "", 1))["cadence"] == {
+        "commit": "a3b9aee", "when": "then", "file": "x.json", "state": "current"}
