@@ -474,9 +474,9 @@ def test_sigterm_to_the_chief_or_the_launcher_keeps_the_step(data_dir, tmp_path,
     saved, _ = _global_step(str(model_dir))
     assert saved >= before, (before, saved, chief[-2000:])
     assert f"preempted at step {saved}" in chief
-    if target == "launcher" or engine == "keras":
-        # Every training task stopped at the chief's step and exited 75.
-        assert run.returncode == 75, run.output()[-3000:]
+    # Every training task stopped at the chief's step and exited 75.
+    assert run.returncode == 75, run.output()[-3000:]
+    assert f"stopped at step {saved} with the rest of the cluster" in run.log("worker-0")
 
     again = Cluster(model_dir, tmp_path / "logs-2", ["--workers", "1"],
                     _train_flags(data_dir, saved + 20, 50000, "--strategy",

@@ -63,9 +63,9 @@ CASES = [
                  marks=needs_estimator, id="estimator-ps-worker"),
     pytest.param("estimator", "parameter_server", "ps-0", False, "periodic", 1,
                  marks=needs_estimator, id="estimator-ps-ps"),
-    # The worker steps on until its grace ends (exit 75: the chief writes the
-    # checkpoints); the chief, stuck without it, saves nothing: exit 1.
-    pytest.param("estimator", "multi_worker_mirrored", "worker-0", False, "periodic", 1,
+    # The worker's flag rides on the step's gradient sum: chief and worker
+    # stop after that same step, and the chief saves it.
+    pytest.param("estimator", "multi_worker_mirrored", "worker-0", False, "current", PREEMPTED,
                  marks=needs_estimator, id="estimator-mwms-worker"),
 ]
 

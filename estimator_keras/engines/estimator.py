@@ -149,13 +149,25 @@ def _in_bytes(size):
     return f"{size} bytes"
 
 
+# Graph collection of (flag, sum over the replicas) pairs: see sum_as_dense.
+STOP_FLAGS = "estimator_keras_stop_flags"
+
+
 def sum_as_dense(grads_and_vars):
     """A legacy Keras optimizer's ``gradient_aggregator``: the sum over the
-    replicas, as Keras' default, of every gradient made dense first."""
+    replicas, as Keras' default, of every gradient made dense first.
+
+    The same all-reduce carries one more number: each task's "a signal came"
+    flag (a placeholder that :class:`PreemptionHook` feeds), summed into
+    :data:`STOP_FLAGS`, so that every task of the cluster learns at the same
+    step that one of them is being preempted, and all stop after it."""
     grads_and_vars = list(grads_and_vars)
     grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars if g is not None]
-    summed = iter(tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
-                  if grads else ())
+    flag = tf.compat.v1.placeholder_with_default(tf.constant(0.0), [], name="stop_requested")
+    summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                            grads + [flag])
+    tf.compat.v1.add_to_collection(STOP_FLAGS, (flag, summed[-1]))
+    summed = iter(summed[:-1])
     return [(None if g is None else next(summed), v) for g, v in grads_and_vars]
 
 
@@ -255,13 +267,41 @@ class ReleaseMemoryHook(tf.estimator.SessionRunHook):
 
 class PreemptionHook(tf.estimator.SessionRunHook):
     """Ends training after the step in progress once the watch has seen
-    SIGTERM or SIGINT; the chief's checkpoint saver then saves that step."""
+    SIGTERM or SIGINT; the chief's checkpoint saver then saves that step.
 
-    def __init__(self, watch):
-        self._watch = watch
+    Under multi_worker_mirrored every step's gradient sum carries each
+    task's flag (:func:`sum_as_dense`): this hook feeds its own and reads
+    the sum, so every task stops after the same step, the first whose sum
+    saw a signal, whichever task got it (the others' watches learn it from
+    the sum). Elsewhere a task stops on its own signal, unless it is
+    ``alone=False`` (a worker that steps on with its chief)."""
+
+    def __init__(self, watch, alone=True):
+        self._watch, self._alone = watch, alone
+        self._flags, self._total, self._global_step = [], None, None
+        self.stopped_at = None
+
+    def begin(self):
+        pairs = tf.compat.v1.get_collection(STOP_FLAGS)
+        self._flags = [flag for flag, _ in pairs]
+        self._total = pairs[0][1] if pairs else None
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def before_run(self, run_context):
+        if self._total is None:
+            return None
+        mine = 1.0 if self._watch.requested else 0.0
+        return tf.compat.v1.train.SessionRunArgs(
+            self._total, feed_dict={flag: mine for flag in self._flags})
 
     def after_run(self, run_context, run_values):
-        if self._watch.requested:
+        if self._total is None:
+            if self._alone and self._watch.requested:
+                run_context.request_stop()
+            return
+        if run_values.results > 0:
+            self._watch.stop_with_others()
+            self.stopped_at = int(run_context.session.run(self._global_step))
             run_context.request_stop()
 
 
@@ -399,10 +439,11 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     evaluator evaluates, so every other task returns None. With a
     ``preemption`` watch (entered by the caller), SIGTERM or SIGINT ends
     training after the current step with a checkpoint of it (saved by the
-    ``chief``, which this task is unless told otherwise). A synchronous
-    worker (``stop_with_chief``: MultiWorkerMirroredStrategy) keeps stepping
-    with the chief until the chief has saved and left, so that the chief's
-    step is not cut short by a missing peer.
+    ``chief``, which this task is unless told otherwise). Under
+    MultiWorkerMirroredStrategy every task stops after the same step, the
+    first whose gradient sum carried a task's signal (:class:`PreemptionHook`),
+    and a worker (``stop_with_chief``) raises Preempted naming the step the
+    chief saved.
 
     Raises:
       NumericalError: the loss became NaN or infinite.
@@ -412,9 +453,10 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     progress = ProgressHook(log_every_steps, batch_size, replicas, log, int(max_steps))
     train_hooks = [progress, ReleaseMemoryHook(eval_every_steps or RELEASE_MEMORY_STEPS), *hooks]
     listeners = [progress.listener()]
+    stop_hook = None
     if preemption is not None:
-        if not stop_with_chief:
-            train_hooks.append(PreemptionHook(preemption))
+        stop_hook = PreemptionHook(preemption, alone=not stop_with_chief)
+        train_hooks.append(stop_hook)
         listeners.append(PreemptionListener(preemption))
     if early_stopping is not None:
         # TensorFlow's hook applies EarlyStopping.should_stop's rule to the
@@ -441,6 +483,9 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
             raise preemption.stopped(None) from e
         raise
     if preemption is not None and preemption.requested:
+        if not chief and stop_hook.stopped_at is not None:
+            # Stopped after the step the cluster agreed on, which the chief saves.
+            raise preemption.stopped(stop_hook.stopped_at, by_chief=True)
         # Where no listener saw the final save (a worker, or a strategy that
         # leaves saving listeners out), the checkpoint on disk says the step.
         latest = tf.train.latest_checkpoint(estimator.model_dir) if chief else None

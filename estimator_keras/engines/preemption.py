@@ -15,7 +15,10 @@ stops at once on the signal: it holds nothing a checkpoint would keep.
 In a synchronous cluster (MultiWorkerMirroredStrategy) every worker must
 stop after the same step, or the others wait forever in their next
 all-reduce: :class:`StopAgreement` has the workers agree on it, whichever of
-them was signalled.
+them was signalled (the estimator engine's tasks send their flag in each
+step's gradient sum instead: ``estimator.PreemptionHook``), and
+:meth:`PreemptionWatch.stop_with_others` makes a task that learns of
+another's signal stop as if it had got one.
 
 When the ``with`` block ends, the signal handlers the process had before
 are back and the watchdog stands down: a library caller that catches
@@ -133,6 +136,18 @@ class PreemptionWatch:
                          daemon=True).start()
         if self.stop_at_once:
             raise self.stopped(None)
+
+    def stop_with_others(self):
+        """Another task of a synchronous cluster was signalled, and this one
+        stops after the same step: as if it had been signalled too (the
+        same grace, and Preempted once it stops)."""
+        if self.requested:
+            return
+        self._event.set()
+        self.log(f"another task of the cluster received a signal: stopping with it after "
+                 f"this step (at most {self.grace:g} s)")
+        threading.Thread(target=self._watchdog, name="preemption-watchdog",
+                         daemon=True).start()
 
     def _watchdog(self):
         if self._finished.wait(self.grace):
