@@ -19,7 +19,7 @@ iteration count, the first update on Keras 3 is the one the source engine
 would have made. Where the slots cannot move (Nadam, or a checkpoint of
 another optimizer), the keras3 engine starts the optimizer afresh, its
 own count at 0, while the run's step goes on (see
-:func:`estimator_keras.engines.keras3.restore`). The reverse, a Keras 2 engine on a keras3 model dir, is
+:func:`estimator_keras.engines.keras3_resume.restore`). The reverse, a Keras 2 engine on a keras3 model dir, is
 refused by :func:`estimator_keras.checkpoints.check_not_keras3`.
 
 Example::

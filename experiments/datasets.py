@@ -72,6 +72,13 @@ def is_prepared(data_dir, name):
     return io.exists(manifest.manifest_path(dataset_dir(data_dir, name)))
 
 
+def needs_preparing(name, data_dir):
+    """Whether ``name`` is a registered dataset that ``data_dir`` lacks (what
+    ``prepare`` would write before training can start)."""
+    _, registered = find(name, data_dir)
+    return registered and not is_prepared(data_dir, name)
+
+
 def find(name, data_dir):
     """Where dataset ``name`` is: ``(directory, registered)``.
 

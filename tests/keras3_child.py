@@ -18,6 +18,7 @@ import keras
 from estimator_keras import inputs
 from estimator_keras.engines import base, keras3
 from estimator_keras.engines import keras3_checkpoints as ckpts
+from estimator_keras.engines import keras3_resume
 from estimator_keras.engines.preemption import PreemptionWatch
 from estimator_keras.errors import ConfigError, ModelDirError, NumericalError, Preempted
 
@@ -79,7 +80,7 @@ def run_train(data_dir, model_dir, options):
     plan = make_plan(data_dir, model_dir, evaluations, logs, **options)
     result = engine.train(plan)
     out = dict(first=result.metrics, step=result.global_step,
-               iterations=keras3._iterations(result.model), checkpoint=result.checkpoint,
+               iterations=keras3_resume.iterations(result.model), checkpoint=result.checkpoint,
                kept=_steps(model_dir), evaluations=list(evaluations))
     out["evaluate"] = engine.evaluate(plan, ckpts.latest(model_dir))
     del evaluations[:]
@@ -107,7 +108,7 @@ def run_restore(data_dir, model_dir, options):
         refused = None
     except ModelDirError as e:
         refused = str(e)
-    return dict(step=step, iterations=keras3._iterations(model), refused=refused,
+    return dict(step=step, iterations=keras3_resume.iterations(model), refused=refused,
                 trained_state=_optimizer_state(result.model),
                 restored_state=_optimizer_state(model),
                 weights_equal=all(bool(keras.ops.all(a == b)) for a, b in
@@ -197,7 +198,7 @@ class CallEnds(keras.callbacks.Callback):
         self.steps = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.steps.append(keras3._iterations(self.model))
+        self.steps.append(keras3_resume.iterations(self.model))
 
 
 def run_steps_per_call(data_dir, model_dir, options):
@@ -209,7 +210,7 @@ def run_steps_per_call(data_dir, model_dir, options):
     plan = make_plan(data_dir, model_dir, evaluations, logs, **fields)
     plan = dataclasses.replace(plan, metrics=lambda: ["accuracy", ExamplesSeen()])
     result = keras3.Keras3Engine().train(plan)
-    out = dict(step=result.global_step, iterations=keras3._iterations(result.model),
+    out = dict(step=result.global_step, iterations=keras3_resume.iterations(result.model),
                per_call=result.model.steps_per_execution,
                evaluated=[m["global_step"] for _, m in evaluations], kept=_steps(model_dir),
                examples_evaluated=[m["examples_seen"] for _, m in evaluations],
@@ -224,7 +225,7 @@ def run_steps_per_call(data_dir, model_dir, options):
     model.fit(keras3._datasets(plan, model)[0], epochs=3, steps_per_epoch=12, verbose=0,
               callbacks=[keras3.TrainingSteps(plan, meter, lambda: None, model), ends])
     return dict(out, logs=logs, longer_step=longer.global_step,
-                longer_iterations=keras3._iterations(longer.model),
+                longer_iterations=keras3_resume.iterations(longer.model),
                 longer_evaluated=[m["global_step"] for _, m in evaluations],
                 call_ends=ends.steps, per_call_after=model.steps_per_execution,
                 lengths={s: keras3.call_lengths(s, 8) for s in (2001, 1998, 469, 56, 55, 12, 6)})
@@ -288,7 +289,7 @@ def run_resume(data_dir, model_dir, options):
     plan = make_plan(data_dir, model_dir, evaluations, logs, **options)
     out = {"evaluated_first": engine.evaluate(plan, first)} if first else {}
     result = engine.train(plan)
-    return dict(out, step=result.global_step, iterations=keras3._iterations(result.model),
+    return dict(out, step=result.global_step, iterations=keras3_resume.iterations(result.model),
                 evaluated=[m["global_step"] for _, m in evaluations], logs=logs,
                 kept=_steps(model_dir))
 

@@ -181,7 +181,7 @@ _NEXT_SOURCE = _NEXT_PLAN + textwrap.dedent("""
 _NEXT_KERAS3 = _NEXT_PLAN + textwrap.dedent("""
     import json
     import keras
-    from estimator_keras.engines import keras3
+    from estimator_keras.engines import keras3, keras3_resume
 
     import shutil, tempfile
     out, case, steps = sys.argv[1], sys.argv[3], int(sys.argv[4])
@@ -225,7 +225,7 @@ _NEXT_KERAS3 = _NEXT_PLAN + textwrap.dedent("""
                           for m, f, b in zip(moved_after, fresh.get_weights(), before)),
         "logs": logs,
         "again_step": again.global_step, "again_logs": again_logs,
-        "again_iterations": keras3._iterations(again.model),
+        "again_iterations": keras3_resume.iterations(again.model),
         "again_rate": float(again.model.optimizer.learning_rate),
         "expected_rate": float(schedule(steps + 2)) if callable(schedule) else schedule}))
 """)

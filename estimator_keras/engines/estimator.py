@@ -16,7 +16,6 @@ Example::
         eval_every_steps=500)
 """
 
-import functools
 import inspect
 import logging
 import time
@@ -24,7 +23,7 @@ import time
 import tensorflow as tf
 
 from estimator_keras import checkpoints, export, io, memory, model_inputs, summaries
-from estimator_keras.engines import base, optimizers
+from estimator_keras.engines import base, estimator_sums, optimizers
 from estimator_keras.errors import ModelDirError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -74,7 +73,8 @@ def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
       config: a ``tf.estimator.RunConfig``; else one is made by
         :func:`run_config` from ``run_config_kwargs``. Under its
         MultiWorkerMirroredStrategy the optimizer is rebuilt to sum sparse
-        gradients (an Embedding's) as dense ones: see :func:`sums_sparse_as_dense`.
+        gradients (an Embedding's) as dense ones: see
+        :func:`~estimator_keras.engines.estimator_sums.sums_sparse_as_dense`.
 
     Returns:
       A ``tf.estimator.Estimator`` writing object-based checkpoints, which
@@ -93,107 +93,13 @@ def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
         logger.info("tf.estimator needs a legacy Keras optimizer: compiling with "
                     "legacy %s instead of %s", type(optimizer).__name__,
                     type(keras_model.optimizer).__name__)
-    if sums_sparse_as_dense(config.train_distribute):
-        optimizer = dense_sum_optimizer(optimizer)
+    if estimator_sums.sums_sparse_as_dense(config.train_distribute):
+        optimizer = estimator_sums.dense_sum_optimizer(optimizer)
     if optimizer is not keras_model.optimizer:
         keras_model.compile(optimizer=optimizer, loss=keras_model.loss,
                             metrics=_compiled_metrics(keras_model))
     return tf.keras.estimator.model_to_estimator(
         keras_model=keras_model, config=config, checkpoint_format="checkpoint")
-
-
-def sums_sparse_as_dense(strategy):
-    """Whether the replicas' sparse gradients must be summed as dense tensors.
-
-    An Embedding's gradient is a ``tf.IndexedSlices`` with one row per lookup,
-    so its length follows the batch (an epoch's last batch is smaller).
-    MultiWorkerMirroredStrategy sums IndexedSlices with collective all-gathers
-    padded to the longest worker's length, and in the Estimator's graph
-    (TensorFlow 2.15) a collective keeps the shape of its first run: the first
-    step at which every worker has a short batch fails with "Shape mismatch in
-    the collective instance". Dense gradients have one shape at every step.
-    The other strategies sum IndexedSlices without collectives (mirrored) or
-    apply them, sparse, on the parameter servers.
-    """
-    return isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy,
-                                 tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy))
-
-
-def dense_sum_note(model, strategy):
-    """The sentence a run under ``strategy`` owes its user when it sums
-    sparse gradients as dense ones (:func:`sums_sparse_as_dense`): each
-    Embedding's whole table crosses the network every step, which for a
-    large table costs more than the step. None otherwise."""
-    if not sums_sparse_as_dense(strategy):
-        return None
-    tables = [(layer.name, weight) for layer in model.submodules
-              if isinstance(layer, tf.keras.layers.Embedding) for weight in layer.trainable_weights]
-    if not tables:
-        return None
-    sizes = [(name, weight.shape, weight.shape.num_elements() * weight.dtype.size)
-             for name, weight in tables]
-    total = sum(size for _, _, size in sizes)
-    listed = ", ".join(f"{name!r} {' x '.join(f'{d:,}' for d in shape)} ({_in_bytes(size)})"
-                       for name, shape, size in sizes)
-    return (f"multi_worker_mirrored on the estimator engine sums Embedding gradients across "
-            f"the workers as dense tensors (TensorFlow 2.15's collectives cannot sum their "
-            f"sparse rows in the Estimator's graph): {_in_bytes(total)} per step for "
-            f"{listed}. For a large table use --strategy parameter_server: the ps tasks "
-            f"apply only the rows a step used (BENCHMARKS.md measures the cost).")
-
-
-def _in_bytes(size):
-    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:,.1f} {unit}"
-    return f"{size} bytes"
-
-
-# Graph collection of (flag, sum over the replicas) pairs: see sum_as_dense.
-STOP_FLAGS = "estimator_keras_stop_flags"
-
-
-def sum_as_dense(grads_and_vars):
-    """A legacy Keras optimizer's ``gradient_aggregator``: the sum over the
-    replicas, as Keras' default, of every gradient made dense first.
-
-    The same all-reduce carries one more number: each task's "a signal came"
-    flag (a placeholder that :class:`PreemptionHook` feeds), summed into
-    :data:`STOP_FLAGS`, so that every task of the cluster learns at the same
-    step that one of them is being preempted, and all stop after it."""
-    grads_and_vars = list(grads_and_vars)
-    grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars if g is not None]
-    flag = tf.compat.v1.placeholder_with_default(tf.constant(0.0), [], name="stop_requested")
-    summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                            grads + [flag])
-    tf.compat.v1.add_to_collection(STOP_FLAGS, (flag, summed[-1]))
-    summed = iter(summed[:-1])
-    return [(None if g is None else next(summed), v) for g, v in grads_and_vars]
-
-
-class _DenseSum:
-    """Makes a legacy Keras optimizer class sum gradients with
-    :func:`sum_as_dense`. A subclass rather than the constructor argument
-    alone: model_to_estimator rebuilds the optimizer from its class and
-    config, which would drop the argument."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("gradient_aggregator", sum_as_dense)
-        super().__init__(*args, **kwargs)
-
-
-@functools.lru_cache(maxsize=None)
-def _dense_sum_class(cls):
-    # The same class name: saved optimizer configs stay loadable by plain Keras.
-    return type(cls.__name__, (_DenseSum, cls), {"__module__": __name__})
-
-
-def dense_sum_optimizer(optimizer):
-    """The legacy Keras ``optimizer``, rebuilt from its config to sum
-    sparse gradients as dense ones (see :func:`sums_sparse_as_dense`)."""
-    if isinstance(optimizer, _DenseSum):
-        return optimizer
-    return _dense_sum_class(type(optimizer)).from_config(optimizer.get_config())
 
 
 def _compiled_metrics(model):
@@ -263,46 +169,6 @@ class ReleaseMemoryHook(tf.estimator.SessionRunHook):
         self._steps += 1
         if self._steps % self._every == 0:
             memory.release_free_memory()
-
-
-class PreemptionHook(tf.estimator.SessionRunHook):
-    """Ends training after the step in progress once the watch has seen
-    SIGTERM or SIGINT; the chief's checkpoint saver then saves that step.
-
-    Under multi_worker_mirrored every step's gradient sum carries each
-    task's flag (:func:`sum_as_dense`): this hook feeds its own and reads
-    the sum, so every task stops after the same step, the first whose sum
-    saw a signal, whichever task got it (the others' watches learn it from
-    the sum). Elsewhere a task stops on its own signal, unless it is
-    ``alone=False`` (a worker that steps on with its chief)."""
-
-    def __init__(self, watch, alone=True):
-        self._watch, self._alone = watch, alone
-        self._flags, self._total, self._global_step = [], None, None
-        self.stopped_at = None
-
-    def begin(self):
-        pairs = tf.compat.v1.get_collection(STOP_FLAGS)
-        self._flags = [flag for flag, _ in pairs]
-        self._total = pairs[0][1] if pairs else None
-        self._global_step = tf.compat.v1.train.get_global_step()
-
-    def before_run(self, run_context):
-        if self._total is None:
-            return None
-        mine = 1.0 if self._watch.requested else 0.0
-        return tf.compat.v1.train.SessionRunArgs(
-            self._total, feed_dict={flag: mine for flag in self._flags})
-
-    def after_run(self, run_context, run_values):
-        if self._total is None:
-            if self._alone and self._watch.requested:
-                run_context.request_stop()
-            return
-        if run_values.results > 0:
-            self._watch.stop_with_others()
-            self.stopped_at = int(run_context.session.run(self._global_step))
-            run_context.request_stop()
 
 
 class PreemptionListener(tf.estimator.CheckpointSaverListener):
@@ -441,7 +307,8 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     training after the current step with a checkpoint of it (saved by the
     ``chief``, which this task is unless told otherwise). Under
     MultiWorkerMirroredStrategy every task stops after the same step, the
-    first whose gradient sum carried a task's signal (:class:`PreemptionHook`),
+    first whose gradient sum carried a task's signal
+    (:class:`~estimator_keras.engines.estimator_sums.PreemptionHook`),
     and a worker (``stop_with_chief``) raises Preempted naming the step the
     chief saved.
 
@@ -455,7 +322,7 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     listeners = [progress.listener()]
     stop_hook = None
     if preemption is not None:
-        stop_hook = PreemptionHook(preemption, alone=not stop_with_chief)
+        stop_hook = estimator_sums.PreemptionHook(preemption, alone=not stop_with_chief)
         train_hooks.append(stop_hook)
         listeners.append(PreemptionListener(preemption))
     if early_stopping is not None:
@@ -536,7 +403,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
         input_fns serving features as the model takes them."""
         model = compile_for_estimator(plan)
         config = run_config(plan.model_dir, **run_config_kwargs)
-        note = dense_sum_note(model, config.train_distribute)
+        note = estimator_sums.dense_sum_note(model, config.train_distribute)
         if note and plan.chief:
             plan.hooks.log(note)
         estimator = to_estimator(model, config=config)

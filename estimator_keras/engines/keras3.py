@@ -35,7 +35,7 @@ It keeps the other engines' contract:
   every process starts from process 0's checkpoint (process 0 restores it,
   then broadcasts the state), so no other process reads the model dir; each
   evaluates its share of the eval split and the metrics' states are summed
-  (:class:`ShardedEvaluation`); the chief alone writes the checkpoints; the
+  (:class:`~estimator_keras.engines.keras3_evaluation.ShardedEvaluation`); the chief alone writes the checkpoints; the
   processes agree on the step a preemption stops at.
 
 Example::
@@ -49,15 +49,16 @@ import collections
 import contextlib
 import importlib.util
 import math
-import warnings
 
 import keras
 import numpy as np
 
-from estimator_keras import io, memory, model_inputs, summaries
+from estimator_keras import io, memory, summaries
 from estimator_keras.distribute.jax_processes import DataParallelProcesses
 from estimator_keras.engines import base, optimizers, preemption
 from estimator_keras.engines import keras3_checkpoints as ckpts
+from estimator_keras.engines import keras3_evaluation as evaluation
+from estimator_keras.engines import keras3_resume as resume
 from estimator_keras.errors import ConfigError, DataError, ModelDirError
 
 # The two runs of the summaries, named as Keras' TensorBoard callback names them.
@@ -70,30 +71,10 @@ SUMMARY_SUBDIRS = ("train", "validation")
 MAX_STEPS_PER_EXECUTION = 8
 
 
-def _iterations(model):
-    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-
-
 def _step(model, start):
     """The run's step: the optimizer's own count, which started at ``start``
     (0 but where another engine's optimizer state could not move)."""
-    return start + _iterations(model)
-
-
-class StartingAt(keras.optimizers.schedules.LearningRateSchedule):
-    """``schedule`` at the run's step for an optimizer whose own count
-    started at step ``start``: a learning rate that goes on where it was
-    while the optimizer's bias correction starts afresh."""
-
-    def __init__(self, schedule, start):
-        self.schedule, self.start = schedule, int(start)
-
-    def __call__(self, step):
-        return self.schedule(step + self.start)
-
-    def get_config(self):
-        return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
-                "start": self.start}
+    return start + resume.iterations(model)
 
 
 class TrainingSteps(keras.callbacks.Callback):
@@ -215,7 +196,11 @@ class Evaluations(keras.callbacks.Callback):
         self.stopped = False
         self.history = []
         # A group evaluates in shares, each process its own.
-        self.sharded = ShardedEvaluation(plan, group) if group is not None else None
+        self.sharded = None
+        if group is not None:
+            with group.alone():
+                model = compile_for_keras3(plan)
+            self.sharded = evaluation.ShardedEvaluation(plan, group, model)
         self.writers = {}
         if plan.chief and importlib.util.find_spec("tensorboard") is not None:
             log_dir = plan.summary_dir or plan.model_dir
@@ -254,52 +239,6 @@ class Evaluations(keras.callbacks.Callback):
     def close(self):
         for writer in self.writers.values():
             writer.close()
-
-
-class ShardedEvaluation:
-    """A JAX process group's evaluation: each process evaluates its share of
-    the eval split (:func:`_eval_share`) alone, on a copy of the trained
-    weights, and the metrics' states (Keras' totals, counts and confusion
-    matrices, which add up) are summed over the processes. The numbers are
-    those of one process evaluating the whole split, for 1/N of the work
-    in each."""
-
-    def __init__(self, plan, group):
-        self.plan, self.group = plan, group
-        with group.alone():
-            self.model = compile_for_keras3(plan)
-        self.data = _eval_share(plan, self.model, group)
-        self.told = False
-
-    def __call__(self, trained):
-        weights = [keras.ops.convert_to_numpy(v) for v in trained.weights]
-        model = self.model
-        with self.group.alone(), _quiet_end_of_data():
-            model.set_weights(weights)
-            model.reset_metrics()
-            model.evaluate(self.data, verbose=0)
-            states = [v for metric in model.metrics for v in metric.variables]
-            local = [keras.ops.convert_to_numpy(v) for v in states]
-            totals = self.group.sum_over_processes(local)
-            for variable, total in zip(states, totals):
-                variable.assign(total)
-            metrics = {k: float(v) for k, v in model.get_metrics_result().items()}
-        if not self.told:
-            self.told = True
-            self._tell(local, totals, states)
-        return metrics
-
-    def _tell(self, local, totals, states):
-        """Logs once what share of the examples this process evaluated (the
-        loss's count of examples)."""
-        loss = next((m for m in self.model.metrics if m.name == "loss"), None)
-        count = getattr(loss, "count", None)
-        if count is None:
-            return
-        index = next(i for i, v in enumerate(states) if v is count)
-        self.plan.hooks.log(
-            f"evaluation shared by {self.group.group.num_processes} processes: this one "
-            f"evaluates {int(local[index])} of the {int(totals[index])} examples")
 
 
 def call_lengths(steps, full):
@@ -369,116 +308,6 @@ def compile_for_keras3(plan, steps_per_call=1):
     return model
 
 
-def _tf_checkpoint(model_dir):
-    """The newest TensorFlow checkpoint (estimator or keras engine), or None."""
-    from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
-    return checkpoints.tf_checkpoint(model_dir)
-
-
-def checkpoint_step(checkpoint):
-    """The step of a keras3 checkpoint or of another engine's TF checkpoint
-    (None where a TF checkpoint does not hold one)."""
-    if ckpts.is_checkpoint(checkpoint):
-        return ckpts.step_of(checkpoint)
-    from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
-    return checkpoints.checkpoint_step(checkpoint)
-
-
-def restore(model, checkpoint, log=None):
-    """Loads a keras3 checkpoint, or a TensorFlow checkpoint of another
-    engine (weights, the step and the optimizer's slots), into a compiled
-    model; returns the run's step.
-
-    Where another engine's optimizer state cannot move (an optimizer
-    without a mapping, or slots the checkpoint lacks), the optimizer starts
-    afresh, its own count from 0, so that its bias correction matches its
-    empty averages, while the run's step goes on (:func:`_step`); ``log``
-    hears it once."""
-    if ckpts.is_checkpoint(checkpoint):
-        return ckpts.restore(model, checkpoint)
-    # Another helper's module: imported only where a TF checkpoint is met.
-    from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
-    step = int(keras3_migration.restore_tf_checkpoint(model, checkpoint))
-    if not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
-    lost = keras3_migration.restore_optimizer_state(model, checkpoint)
-    if lost:
-        if log is not None:
-            log(f"the optimizer starts afresh at step {step}: {lost}; its own step count "
-                f"(bias correction) starts at 0 while the run's step and learning rate go on")
-    else:
-        model.optimizer.iterations.assign(step)
-    return step
-
-
-def _chosen_step(checkpoint):
-    """The step a run continues from ``checkpoint``; -1 for none."""
-    if not checkpoint:
-        return -1
-    return checkpoint_step(checkpoint) or 0
-
-
-def _restore_from_process_0(model, plan, group, checkpoint, step):
-    """Gives every process of ``group`` process 0's state: its checkpoint
-    (``checkpoint``, of ``step``; -1 for none), restored by process 0 alone
-    into a model of its own, then broadcast into ``model``'s weights, seeds
-    and optimizer in every process, so that no process reads the model dir
-    but process 0. Returns (step, the step the optimizer's count started
-    at)."""
-    if not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
-    state = list(model.variables) + list(model.optimizer.variables)
-    values = [keras.ops.convert_to_numpy(v) for v in state]
-    error = None
-    if checkpoint:
-        try:
-            values = _restored_alone(plan, group, checkpoint, state)
-        except Exception as e:  # pylint: disable=broad-except  (raised below, once all know)
-            error = e
-    # A failure on process 0 stops every process, rather than leave them
-    # waiting for its values.
-    if group.from_process_0(np.int32(error is not None)).item():
-        if error is not None:
-            raise error
-        raise ModelDirError("process 0 could not restore its checkpoint (its log says why); "
-                            "this process stops with it.")
-    values = group.from_process_0(values)
-    for variable, value in zip(state, values):
-        variable.assign(value)
-    if step >= 0:
-        where = checkpoint or "process 0's checkpoint"
-        plan.hooks.log(f"resuming from {where} (step {step}, process 0's choice)")
-    return max(step, 0), _start_at(model, plan, max(step, 0))
-
-
-def _restored_alone(plan, group, checkpoint, state):
-    """``checkpoint`` restored into a model of this process alone (assigning
-    to the group's variables is a collective): the values of ``state``, the
-    group model's variables, in its order."""
-    with group.alone():
-        own = compile_for_keras3(plan)
-        restore(own, checkpoint, plan.hooks.log)
-        if not own.optimizer.built:
-            own.optimizer.build(own.trainable_variables)
-        restored = list(own.variables) + list(own.optimizer.variables)
-    if [tuple(v.shape) for v in restored] != [tuple(v.shape) for v in state]:
-        raise ModelDirError(
-            f"checkpoint {checkpoint} restored into {len(restored)} variables, where the "
-            f"model trained across processes has {len(state)}, or of other shapes: the "
-            f"model builder does not build the same model twice.")
-    return [keras.ops.convert_to_numpy(v) for v in restored]
-
-
-def _start_at(model, plan, step):
-    """Where the optimizer's own count started (see :func:`restore`); a
-    learning-rate schedule then reads the run's step, not the optimizer's."""
-    start = step - _iterations(model)
-    learning_rate = optimizers.keras3_learning_rate(plan.learning_rate)
-    if start and isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-        model.optimizer.learning_rate = StartingAt(learning_rate, start)
-    return start
-
-
 def _scope(strategy):
     if strategy is None:
         return contextlib.nullcontext()
@@ -505,64 +334,13 @@ def _datasets(plan, model):
     reads its own)."""
     if plan.strategy is None or isinstance(plan.strategy, DataParallelProcesses):
         # A process of a group reads its own share already (the plan's input_fn).
-        train = _as_built(model, plan.train_data(input_context=None))
+        train = evaluation.as_built(model, plan.train_data(input_context=None))
     else:
         train = plan.strategy.distribute_datasets_from_function(
-            lambda ctx: _as_built(model, plan.train_data(input_context=ctx)))
+            lambda ctx: evaluation.as_built(model, plan.train_data(input_context=ctx)))
     # A JAX process group evaluates its shares itself (ShardedEvaluation).
     group = isinstance(plan.strategy, DataParallelProcesses)
-    return train, None if group else _eval_data(plan, model)
-
-
-def _eval_data(plan, model):
-    """The eval split, cut to ``eval_steps`` batches: an evaluation reads
-    the same batches every time, and ends with its data rather than after
-    Keras' whole calls of several steps."""
-    data = _as_built(model, plan.eval_data(input_context=None))
-    return data.take(plan.eval_steps) if plan.eval_steps else data
-
-
-def _eval_share(plan, model, group):
-    """This process's share of the eval split: with ``eval_steps``, every
-    N-th of the batches one process would read; else the records its
-    ``tf.distribute.InputContext`` gives it (the plan's ``eval_data`` takes
-    one, as :func:`estimator_keras.make_input_fn`'s does)."""
-    processes, rank = group.input_shard
-    if plan.eval_steps:
-        return _eval_data(plan, model).shard(processes, rank)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.data's)
-    context = tf.distribute.InputContext(num_input_pipelines=processes,
-                                         input_pipeline_id=rank,
-                                         num_replicas_in_sync=processes)
-    return _as_built(model, plan.eval_data(input_context=context))
-
-
-def _as_built(model, data):
-    """``data`` with its features as ``model`` takes them: a model of one
-    input, functional or Sequential, gets the one feature's tensor whatever
-    its input is named; a model of several inputs gets the dict (see
-    :func:`estimator_keras.model_inputs.as_model_inputs`)."""
-    return model_inputs.as_model_inputs(model, data)
-
-
-@contextlib.contextmanager
-def _quiet_end_of_data():
-    """Keras 3 warns "Your input ran out of data" at the end of every pass
-    over an eval split whose length tf.data cannot tell (any filtered
-    pipeline): the expected end of an evaluation. Training data that runs out is
-    caught after fit instead (a DataError)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Your input ran out of data",
-                                category=UserWarning)
-        yield
-
-
-def _evaluate(model, plan, step):
-    with _quiet_end_of_data():
-        values = model.evaluate(_eval_data(plan, model), verbose=0, return_dict=True)
-    metrics = {k: float(v) for k, v in values.items()}
-    metrics["global_step"] = step
-    return metrics
+    return train, None if group else evaluation.eval_data(plan, model)
 
 
 def _fit(plan):
@@ -570,13 +348,13 @@ def _fit(plan):
     io.makedirs(plan.model_dir)
     group = plan.strategy if isinstance(plan.strategy, DataParallelProcesses) else None
     latest = ckpts.latest(plan.model_dir)
-    other = None if latest else _tf_checkpoint(plan.model_dir)
+    other = None if latest else resume.tf_checkpoint(plan.model_dir)
     if group is not None:
         # Process 0's checkpoint is everybody's: a model dir the others see
         # late, or not at all, cannot split the group.
         if not plan.chief:
             latest = other = None
-        chosen = group.from_process_0(np.int32(_chosen_step(latest or other))).item()
+        chosen = group.from_process_0(np.int32(resume.chosen_step(latest or other))).item()
         if chosen >= plan.max_steps:
             # Finished: no process joins a collective step (the runner
             # evaluates and exports on the chief alone).
@@ -591,10 +369,11 @@ def _fit(plan):
         model = compile_for_keras3(plan, MAX_STEPS_PER_EXECUTION)
         step = start = 0
         if group is not None:
-            step, start = _restore_from_process_0(model, plan, group, latest or other, chosen)
+            step, start = resume.from_process_0(model, plan, group, latest or other, chosen,
+                                                compile_for_keras3)
         elif latest or other:
-            step = restore(model, latest or other, hooks.log)
-            start = _start_at(model, plan, step)
+            step = resume.restore(model, latest or other, hooks.log)
+            start = resume.start_at(model, plan, step)
             how = "" if latest else ", a checkpoint of another engine"
             hooks.log(f"resuming from {latest or other} (step {step}{how})")
         elif not model.optimizer.built:
@@ -606,7 +385,7 @@ def _fit(plan):
             saved = _save(model, plan, step, start)
     if step >= plan.max_steps:
         # Nothing left to train: report the numbers all the same.
-        metrics = _evaluate(model, plan, step)
+        metrics = evaluation.evaluate(model, plan, step)
         hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
         return base.RunResult(model, metrics, step, saved)
 
@@ -622,7 +401,7 @@ def _fit(plan):
     fit = dict(validation_data=eval_data,
                callbacks=[steps, evaluations], shuffle=False, verbose=0)
     try:
-        with _quiet_end_of_data(), _training_scope(plan.strategy):
+        with evaluation.quiet_end_of_data(), _training_scope(plan.strategy):
             if step % every:
                 # Back onto multiples of eval_every_steps (after a preemption):
                 # one short epoch first.
@@ -643,7 +422,7 @@ def _fit(plan):
             f"without num_epochs does). The last checkpoint is {evaluations.saved}.")
     metrics = evaluations.metrics
     if metrics is None:
-        metrics = _evaluate(model, plan, step)
+        metrics = evaluation.evaluate(model, plan, step)
     else:
         metrics = dict(metrics)
     metrics["global_step"] = step
@@ -666,8 +445,8 @@ class Keras3Engine(base.Engine):
                  else _scope(plan.strategy))
         with scope:
             model = compile_for_keras3(plan)
-            step = restore(model, checkpoint)
-        return _evaluate(model, plan, step)
+            step = resume.restore(model, checkpoint)
+        return evaluation.evaluate(model, plan, step)
 
     def check_can_restore(self, checkpoint):
         """Accepts keras3 checkpoints and the TensorFlow checkpoints of the
@@ -721,7 +500,7 @@ class Keras3Engine(base.Engine):
     def latest_checkpoint(self, model_dir):
         """The checkpoint a run on ``model_dir`` continues from: the newest
         keras3 checkpoint, else another engine's TF checkpoint, else None."""
-        return ckpts.latest(model_dir) or _tf_checkpoint(model_dir)
+        return ckpts.latest(model_dir) or resume.tf_checkpoint(model_dir)
 
     def written_by(self, checkpoint):
         if ckpts.is_checkpoint(checkpoint):
@@ -731,4 +510,4 @@ class Keras3Engine(base.Engine):
 
     def checkpoint_step(self, checkpoint):
         """The step of a keras3 checkpoint or of another engine's TF checkpoint."""
-        return checkpoint_step(checkpoint)
+        return resume.checkpoint_step(checkpoint)

@@ -16,7 +16,7 @@ In a synchronous cluster (MultiWorkerMirroredStrategy) every worker must
 stop after the same step, or the others wait forever in their next
 all-reduce: :class:`StopAgreement` has the workers agree on it, whichever of
 them was signalled (the estimator engine's tasks send their flag in each
-step's gradient sum instead: ``estimator.PreemptionHook``), and
+step's gradient sum instead: ``estimator_sums.PreemptionHook``), and
 :meth:`PreemptionWatch.stop_with_others` makes a task that learns of
 another's signal stop as if it had got one.
 
