@@ -83,11 +83,13 @@ class Runner:
             export_lib.recover_export(self._export_dir())
             latest = self._check_checkpoint()
             config_files.write(ctx.model_dir, ctx.config, ctx.dataset_path, ctx.data)
-            if latest and (ctx.engine.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
-                return self._already_trained(latest)
             if getattr(ctx.distribute, "chief_work_stalls_others", False):
                 self.best = export_lib.BestCandidate(ctx.model_dir, ctx.config.best_metric,
                                                      ctx.config.higher_is_better)
+            if latest and (ctx.engine.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
+                # A candidate a run that died left behind.
+                self._export_best()
+                return self._already_trained(latest)
             try:
                 result = self._train(is_chief=True)
             except Preempted:
