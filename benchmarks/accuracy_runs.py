@@ -98,6 +98,23 @@ RUNS = {
     "keras3_numpy": {"kind": "keras_numpy", "python": "keras", "keras3": True,
                      "description": "plain Keras 3 Model.fit on numpy arrays (TensorFlow "
                                     "2.16+), as keras_numpy"},
+    "project_keras3_fp32": {"kind": "project", "engine": "keras3", "python": "keras",
+                            "keras3": True, "precision": "float32",
+                            "description": "the keras3 engine, the experiment as registered "
+                                           "but in float32"},
+    "keras3_recipe": {"kind": "keras_numpy", "python": "keras", "keras3": True, "recipe": True,
+                      "description": "plain Keras 3 Model.fit on numpy arrays with the "
+                                     "experiment's recipe (Adam 2e-3, cosine decay to a tenth, "
+                                     "batch 128, validation every epoch) at Keras' defaults: "
+                                     "float32, steps_per_execution=1"},
+    "keras3_recipe_spe8": {"kind": "keras_numpy", "python": "keras", "keras3": True,
+                           "recipe": True, "steps_per_execution": 8,
+                           "description": "keras3_recipe with steps_per_execution=8, float32"},
+    "keras3_recipe_bf16_spe8": {"kind": "keras_numpy", "python": "keras", "keras3": True,
+                                "recipe": True, "steps_per_execution": 8,
+                                "precision": "mixed_bfloat16",
+                                "description": "keras3_recipe with steps_per_execution=8 and "
+                                               "mixed_bfloat16: a careful user's best"},
 }
 DEFAULT_RUNS = ("keras_numpy", "project_default", "project_fp32", "project_constant_lr",
                 "project_reshuffle", "project_record_shuffle", "project_keras3")
@@ -119,7 +136,7 @@ def plan_for(name, steps, eval_fraction, turn, learning_rate=LEARNING_RATE):
     Project runs start from ``learning_rate`` (the experiment's own), plain
     Keras from :data:`LEARNING_RATE`."""
     spec = dict(RUNS[name])
-    if spec["kind"] == "keras_numpy":
+    if spec["kind"] == "keras_numpy" and not spec.get("recipe"):
         learning_rate = LEARNING_RATE
     scale = int(spec.get("batch_scale", 1))
     run_steps = max(1, steps // scale)
@@ -252,16 +269,30 @@ def _keras_numpy(spec, args, clock):
     if spec.get("precision") == "mixed_bfloat16":
         build = bfloat16_builder(build)
     model = build()
-    model.compile(optimizer=tf.keras.optimizers.Adam(spec["learning_rate"]),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    learning_rate = spec["learning_rate"]
+    if spec.get("recipe"):
+        # The experiment's schedule, as a Keras user writes it.
+        learning_rate = tf.keras.optimizers.schedules.CosineDecay(
+            learning_rate, decay_steps=spec["steps"], alpha=0.1)
+    model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  steps_per_execution=spec.get("steps_per_execution", 1))
     per_epoch = math.ceil(len(y) / spec["batch_size"])
-    state = {"step": 0}
+    state = {"step": 0, "epoch": 0}
 
     class Turns(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            state["epoch"] = epoch
+
         def on_train_batch_end(self, batch, logs=None):
-            state["step"] += 1
-            if state["step"] % spec["turn"] == 0:
+            # Once per call of the training function: ``batch`` is the call's
+            # last step in the epoch (steps_per_execution steps, fewer at its end).
+            before = state["step"]
+            state["step"] = state["epoch"] * per_epoch + min(batch + 1, per_epoch)
+            if state["step"] // spec["turn"] > before // spec["turn"]:
                 clock.pause(state["step"])
+            if state["step"] >= spec["steps"]:
+                self.model.stop_training = True
 
         def on_epoch_end(self, epoch, logs=None):
             logs = logs or {}
@@ -271,7 +302,8 @@ def _keras_numpy(spec, args, clock):
     model.fit(x, y, batch_size=spec["batch_size"], epochs=math.ceil(spec["steps"] / per_epoch),
               validation_data=(tx, ty), shuffle=True, verbose=0, callbacks=[Turns()])
     clock.done(step=state["step"], tensorflow=tf.__version__, keras=_keras_version(),
-               model_module=type(model).__module__)
+               model_module=type(model).__module__,
+               precision=spec.get("precision") or "float32")
 
 
 def _keras_version():

@@ -45,15 +45,17 @@ TABLES = {
     "cluster": ("benchmarks.cluster_table", "any"),
     "cadence": ("benchmarks.cadence_table", "keras"),
     "embedding": ("benchmarks.embedding_table", "estimator"),
+    "recipe": ("benchmarks.recipe_table", "keras"),
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 # Tables run --rounds times: their targets are ratios of rates measured side by
-# side. Not the accuracy table (whole training runs, half an hour a round) nor
-# the cluster table (its ratios are information about one shared machine).
-ROUND_TABLES = ("input", "training", "inputbound", "keras")
+# side. Not the accuracy and recipe tables (whole training runs, half an hour
+# a round) nor the cluster table (its ratios are information about one shared
+# machine).
+ROUND_TABLES = ("input", "training", "inputbound", "keras", "cadence", "embedding")
 DEFAULT_ROUNDS = 3
 # Per-table bound on a child process, seconds (accuracy and shapes train for long).
-CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600}
+CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600, "recipe": 2 * 3600}
 DEFAULT_CHILD_TIMEOUT = 3600
 REPO_ROOT = os.path.dirname(common.HERE)
 

@@ -169,7 +169,8 @@ def _prepare_missing_data(targs, config):
     # pylint: disable-next=import-outside-toplevel  (loads the sources' registry, not TF)
     from experiments import datasets
     name, data_dir = config.data.dataset, commands.data_dir(targs)
-    if not datasets.needs_preparing(name, data_dir):
+    _, missing = datasets.needs_preparing(name, data_dir)
+    if not missing:
         return
     print(f"Dataset {name} is not in {data_dir}: preparing it before the tasks start, on this "
           f"machine's network")

@@ -110,8 +110,9 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
     registered dataset is prepared first if missing (by the chief only; other
     tasks wait for its manifest)."""
     name = config.data.dataset
-    if not datasets.needs_preparing(name, data_dir):
-        return datasets.find(name, data_dir)[0]
+    found, missing = datasets.needs_preparing(name, data_dir)
+    if not missing:
+        return found
     if is_chief:
         say(f"dataset {name} is not in {data_dir}: preparing it first")
         return prepare.prepare(name, data_dir, source_dir=source_dir, num_workers=num_workers)

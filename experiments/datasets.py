@@ -73,10 +73,11 @@ def is_prepared(data_dir, name):
 
 
 def needs_preparing(name, data_dir):
-    """Whether ``name`` is a registered dataset that ``data_dir`` lacks (what
+    """``(directory, missing)``: where dataset ``name`` is (see :func:`find`)
+    and whether it is a registered dataset that ``data_dir`` lacks (what
     ``prepare`` would write before training can start)."""
-    _, registered = find(name, data_dir)
-    return registered and not is_prepared(data_dir, name)
+    directory, registered = find(name, data_dir)
+    return directory, bool(registered and not is_prepared(data_dir, name))
 
 
 def find(name, data_dir):

@@ -142,3 +142,15 @@ def test_prepare_sizes_its_default_shard_count_from_the_data(tmp_path):
     full = {"train": range(60000), "test": range(10000)}
     # pylint: disable-next=protected-access
     assert prepare._num_shards(full, None) == {"train": 8, "test": 2}
+
+
+def test_cluster_prepares_only_a_registered_dataset_the_data_dir_lacks(tmp_path, fashion_data):
+    catalog.load()
+    config = catalog.registry.get("fashion_mnist_mlp").config
+    for data_dir, prepared in ((fashion_data, True), (tmp_path / "empty", False)):
+        assert datasets.needs_preparing("fashion_mnist", str(data_dir)) == (
+            os.path.join(str(data_dir), "fashion_mnist"), not prepared)
+        targs = mock.Mock(data_dir=str(data_dir), source_dir=None)
+        with mock.patch.object(cluster_cmd.commands, "tensorflow_module") as module:
+            cluster_cmd._prepare_missing_data(targs, config)  # pylint: disable=protected-access
+        assert module.called is not prepared, data_dir

@@ -33,7 +33,8 @@ It keeps the other engines' contract:
   :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`):
   fit runs in its scope, each process on its own share of the training data;
   every process starts from process 0's checkpoint (process 0 restores it,
-  then broadcasts the state), so no other process reads the model dir; each
+  then broadcasts the state), so no other process restores from its model
+  dir; each
   evaluates its share of the eval split and the metrics' states are summed
   (:class:`~estimator_keras.engines.keras3_evaluation.ShardedEvaluation`); the chief alone writes the checkpoints; the
   processes agree on the step a preemption stops at.
@@ -347,13 +348,13 @@ def _fit(plan):
     hooks = plan.hooks
     io.makedirs(plan.model_dir)
     group = plan.strategy if isinstance(plan.strategy, DataParallelProcesses) else None
-    latest = ckpts.latest(plan.model_dir)
-    other = None if latest else resume.tf_checkpoint(plan.model_dir)
+    latest = other = None
+    # Process 0's checkpoint is everybody's: a model dir the others see
+    # late, or not at all, cannot split the group, so they do not look.
+    if group is None or plan.chief:
+        latest = ckpts.latest(plan.model_dir)
+        other = None if latest else resume.tf_checkpoint(plan.model_dir)
     if group is not None:
-        # Process 0's checkpoint is everybody's: a model dir the others see
-        # late, or not at all, cannot split the group.
-        if not plan.chief:
-            latest = other = None
         chosen = group.from_process_0(np.int32(resume.chosen_step(latest or other))).item()
         if chosen >= plan.max_steps:
             # Finished: no process joins a collective step (the runner

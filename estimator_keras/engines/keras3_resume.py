@@ -103,7 +103,7 @@ def from_process_0(model, plan, group, checkpoint, step, build):
     (``checkpoint``, of ``step``; -1 for none), restored by process 0 alone
     into a model of its own (``build(plan)`` makes it), then broadcast into
     ``model``'s weights, seeds and optimizer in every process, so that no
-    process reads the model dir but process 0. Returns (step, the step the
+    process restores from its model dir but process 0. Returns (step, the step the
     optimizer's count started at)."""
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
