@@ -327,6 +327,45 @@ def test_accuracy_run_plans_scale_batch_steps_and_evaluation():
     assert set(accuracy_runs.DEFAULT_RUNS) <= set(accuracy_runs.RUNS)
 
 
+
+def test_recipe_runs_give_the_peer_the_experiments_recipe_and_pair_like_precision_with_like():
+    from benchmarks import accuracy_runs, recipe_table  # pylint: disable=import-outside-toplevel
+
+    # The peer runs the experiment's own rate, steps and evaluation cadence.
+    for name in (recipe_table.PEER_DEFAULT, recipe_table.PEER_SPE8, recipe_table.PEER_BEST):
+        spec = accuracy_runs.plan_for(name, 6000, 469 / 6000, 500, 2e-3)
+        assert (spec["steps"], spec["eval_every"], spec["batch_size"]) == (6000, 469, 128)
+        assert spec["learning_rate"] == pytest.approx(2e-3)
+    assert accuracy_runs.RUNS[recipe_table.PEER_DEFAULT].get("steps_per_execution", 1) == 1
+    assert "precision" not in accuracy_runs.RUNS[recipe_table.PEER_DEFAULT]
+    best = accuracy_runs.RUNS[recipe_table.PEER_BEST]
+    assert (best["steps_per_execution"], best["precision"]) == (8, "mixed_bfloat16")
+
+    def row(name, precision, wall, t091, step):
+        return {"name": name, "precision": precision, "wall_s": wall, "t091_s": t091,
+                "step_091": step}
+
+    rows = [row(recipe_table.ENGINE_AUTO, "mixed_bfloat16", 240.0, 60.0, 1407),
+            row(recipe_table.ENGINE_FP32, "float32", 400.0, 110.0, 1407),
+            row(recipe_table.PEER_DEFAULT, "float32", 500.0, 160.0, 1407),
+            row(recipe_table.PEER_SPE8, "float32", 300.0, 100.0, 1407),
+            row(recipe_table.PEER_BEST, "mixed_bfloat16", 200.0, 40.0, 938)]
+    pairs = {p["name"]: p for p in recipe_table.pair_rows(rows)}
+    assert pairs["bf16_vs_best"]["precision"] == "mixed_bfloat16 / mixed_bfloat16"
+    assert pairs["fp32_vs_spe8"]["precision"] == "float32 / float32"
+    assert pairs["bf16_vs_best"]["wall_ratio"] == pytest.approx(1.2)
+    assert pairs["fp32_vs_default"]["wall_ratio"] == pytest.approx(0.8)
+    targets = {t["id"]: t for t in recipe_table.pair_targets(list(pairs.values()))}
+    assert set(targets) == {"recipe.bf16_vs_best.wall", "recipe.bf16_vs_best.t091",
+                            "recipe.fp32_vs_spe8.wall", "recipe.fp32_vs_spe8.t091"}
+    # Slower than the careful user by more than a tenth is not met; within it is.
+    assert targets["recipe.bf16_vs_best.wall"]["met"] is False
+    assert targets["recipe.bf16_vs_best.t091"]["met"] is False
+    assert "step 1407 / 938" in targets["recipe.bf16_vs_best.t091"]["why"]
+    assert targets["recipe.fp32_vs_spe8.t091"]["met"] is True
+    assert targets["recipe.fp32_vs_spe8.wall"]["met"] is False
+
+
 TURNS_CHILD = """
 import sys
 from benchmarks import turns
