@@ -2,24 +2,31 @@
 
 Runs on TensorFlow 2.16+ with tf-keras (``TF_USE_LEGACY_KERAS=1``), where
 the keras engine is the only engine. For the seed MLP and the seed CNN
-(batch 128, Adam 1e-3, sparse cross-entropy), steady-state steps/s of:
+(batch 128, sparse cross-entropy), steady-state steps/s of:
 
-- ``engine``: the keras engine exactly as ``python -m experiments train``
-  runs it (``KerasEngine.train`` on the experiment's plan: its callbacks,
-  checkpoints, TensorBoard summaries, the experiments' input pipeline with
-  ``cache="auto"``). Each window is one fresh run of ``2n`` steps with a
-  progress line every n steps, n a multiple of 8 as round step counts are
-  (so the keras3 engine runs its 8 steps per call); the window times the n
-  steps between the two lines (model building, tracing, the cache fill, the
-  first n steps and the final checkpoint and evaluation are outside);
+- ``engine``: the keras engine exactly as ``python -m experiments train
+  fashion_mnist_mlp`` (or ``_cnn``) runs it (``KerasEngine.train`` on the
+  experiment's plan: its callbacks, checkpoints, TensorBoard summaries, the
+  experiments' input pipeline with ``cache="auto"``), with **the
+  experiment's own settings**: its evaluation cadence (2000 and 469 steps)
+  and its precision ("auto" for the CNN: bfloat16 where the CPU has it
+  natively). Each window is one fresh run of ``2n`` steps with a progress
+  line every n steps, n sized by the window's seconds, not fitted to the
+  engine's calls; the window times the n steps between the two lines
+  (model building, tracing, the cache fill and the first n steps are
+  outside; a checkpoint and a one-batch evaluation the cadence puts inside
+  are in);
 - ``engine Model.fit(make_dataset)``: the same compiled model and pipeline
   in a bare ``Model.fit``: what the engine's callbacks cost;
 - ``tf_keras fit_numpy``: plain tf-keras ``Model.fit`` on the uint8 numpy
-  arrays (``tf.keras.optimizers.Adam(1e-3)``);
-- ``keras3 fit_numpy`` and ``keras3 fit(make_dataset)``: plain Keras 3 in a
-  fresh interpreter (``TF_USE_LEGACY_KERAS`` unset), on the same arrays and
-  on this package's pipeline; it answers over a pipe, and while the other
-  variants run it waits idle (:mod:`benchmarks.turns`).
+  arrays (``tf.keras.optimizers.Adam(1e-3)``) at Keras' defaults (float32,
+  one step per call), and ``... best``: with the knobs the engines set for
+  themselves, ``steps_per_execution=8`` and the experiment's precision (a
+  careful user's best);
+- ``keras3 fit_numpy`` (and its ``best``) and ``keras3 fit(make_dataset)``:
+  plain Keras 3 in a fresh interpreter (``TF_USE_LEGACY_KERAS`` unset), on
+  the same arrays and on this package's pipeline; it answers over a pipe,
+  and while the other variants run it waits idle (:mod:`benchmarks.turns`).
 
 Windows alternate as in every table; ``engine`` is the reference.
 """
@@ -33,20 +40,21 @@ import sys
 import tempfile
 import time
 
-from benchmarks import common, training_table, turns
+from benchmarks import accuracy_runs, common, training_table, turns
 from benchmarks.common import IMAGE, LABEL, jax_python
 
 TABLE = "keras"
-TITLE = ("keras and keras3 engines vs plain Keras fit on numpy (TF 2.16+, steps/s, "
-         "batch 128)")
+TITLE = ("keras and keras3 engines at the experiments' own cadence and precision vs plain "
+         "Keras fit on numpy at its defaults and best (TF 2.16+, steps/s, batch 128)")
 MODELS = ("seed_mlp", "seed_cnn")
 EXPERIMENTS = {"seed_mlp": "fashion_mnist_mlp", "seed_cnn": "fashion_mnist_cnn"}
 ENGINE = "engine"
 LEARNING_RATE = 1e-3
-# Engine windows are multiples of this many steps, as a user's step counts
-# (200, 1000, 5000) are: the keras3 engine then runs as many steps per call
-# of Keras' training function as it does for them.
-WINDOW_MULTIPLE = 8
+# A careful user's steps_per_execution (the keras3 engine's own).
+BEST_STEPS_PER_EXECUTION = 8
+# The "best" targets: an engine keeps at least this share of the careful
+# user's rate, like precision with like.
+BEST_THRESHOLD = 1 / 1.10
 
 
 def experiment(model_name):
@@ -56,15 +64,65 @@ def experiment(model_name):
     return registry.get(EXPERIMENTS[model_name])
 
 
-def plain_compiled(model_name, seed=0):
-    """The model compiled as a plain Keras user would: current Adam 1e-3."""
+def experiment_policy(model_name):
+    """The compute policy the experiment's ``precision`` resolves to here."""
+    from estimator_keras import precision  # pylint: disable=import-outside-toplevel
+
+    return precision.resolve(experiment(model_name).config.train.precision)[0]
+
+
+def plain_compiled(model_name, seed=0, best=False):
+    """The model compiled as a plain Keras user would: current Adam 1e-3;
+    ``best``: with steps_per_execution=8 and the experiment's precision."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     tf.keras.utils.set_random_seed(seed)
-    model = training_table.build_fn(model_name)({})
+    build = lambda: training_table.build_fn(model_name)({})  # noqa: E731
+    if best and experiment_policy(model_name) == "mixed_bfloat16":
+        build = accuracy_runs.bfloat16_builder(build)
+    model = build()
     model.compile(optimizer=tf.keras.optimizers.Adam(LEARNING_RATE),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  steps_per_execution=BEST_STEPS_PER_EXECUTION if best else 1)
     return model
+
+
+class StepTimer:
+    """A callback recording (steps run so far, time) after every call of the
+    training function, whatever its steps per call."""
+
+    def __new__(cls, records):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        class _Timer(tf.keras.callbacks.Callback):
+            begin = 0
+
+            def on_train_batch_begin(self, batch, logs=None):
+                self.begin = batch
+
+            def on_train_batch_end(self, batch, logs=None):
+                # ``batch`` is the call's last step in the epoch; Keras 3 may
+                # name one past the epoch's end on its last call.
+                last = min(batch, self.params["steps"] - 1) if self.params.get("steps") else batch
+                done = (records[-1][0] if records else 0) + last - self.begin + 1
+                records.append((done, time.perf_counter()))
+
+        return _Timer()
+
+
+def fit_numpy_window(model, x, y, batch_size, warm, steps, epoch):
+    """``warm + steps`` steps of ``fit`` on the arrays; returns (steps,
+    seconds from the first call that ends at or after ``warm`` to the last,
+    the next epoch). The optimizer's count corrects the last call, which may
+    run past the steps asked."""
+    records = []
+    before = int(model.optimizer.iterations.numpy())
+    epoch = training_table.fit_numpy_steps(model, x, y, batch_size, warm + steps, epoch,
+                                           callbacks=[StepTimer(records)])
+    ran = int(model.optimizer.iterations.numpy()) - before
+    records[-1] = (max(ran, records[-1][0]), records[-1][1])
+    start = next(r for r in records if r[0] >= warm)
+    return records[-1][0] - start[0], records[-1][1] - start[1], epoch
 
 
 class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-access
@@ -89,18 +147,17 @@ class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-ac
 
 
 def engine_window(engine, model_name, path, batch_size, steps, model_dir):
-    """One fresh ``engine.train`` run of the experiment's plan, ``2 * n``
-    steps with a progress line every n, n ``steps`` rounded up to a multiple
-    of :data:`WINDOW_MULTIPLE`; returns (steps, seconds) between its last
-    two progress lines."""
+    """One fresh ``engine.train`` run of the experiment's plan at its own
+    evaluation cadence and precision, ``2 * steps`` steps with a progress
+    line every ``steps``; returns (steps, seconds) between its last two
+    progress lines."""
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
     from experiments import context  # pylint: disable=import-outside-toplevel
 
-    steps = -(-steps // WINDOW_MULTIPLE) * WINDOW_MULTIPLE
+    steps = int(steps)
     exp = experiment(model_name)
     config = dataclasses.replace(exp.config, train=dataclasses.replace(
-        exp.config.train, max_steps=2 * steps, eval_every_steps=2 * steps,
-        log_every_steps=steps, batch_size=batch_size))
+        exp.config.train, max_steps=2 * steps, log_every_steps=steps, batch_size=batch_size))
     train_fn, eval_fn = context.input_fns(config, path)
     lines = []
 
@@ -110,7 +167,8 @@ def engine_window(engine, model_name, path, batch_size, steps, model_dir):
             lines.append((int(match.group(1)), time.perf_counter()))
 
     shutil.rmtree(model_dir, ignore_errors=True)
-    plan = context.experiment_plan(exp, config, policy="float32", model_dir=model_dir,
+    plan = context.experiment_plan(exp, config, policy=experiment_policy(model_name),
+                                   model_dir=model_dir,
                                    train_data=train_fn, eval_data=eval_fn, eval_steps=1,
                                    hooks=base.TrainingHooks(log=log))
     try:
@@ -138,7 +196,7 @@ class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected
 
         exp = experiment(self.model_name)
         self.model = keras_engine.compile_for_keras(
-            context.experiment_plan(exp, exp.config, policy="float32"))
+            context.experiment_plan(exp, exp.config, policy=experiment_policy(self.model_name)))
         train_fn, _ = context.input_fns(exp.config, self.path)
         self.dataset = train_fn()
 
@@ -150,25 +208,26 @@ class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected
 
 
 class NumpyVariant(training_table._StepWindow):  # pylint: disable=protected-access
-    """Plain tf-keras Model.fit on the numpy arrays."""
+    """Plain tf-keras Model.fit on the numpy arrays, at Keras' defaults or
+    (``best``) with a careful user's knobs."""
 
     consumed = "model.fit(numpy), callback timing"
 
-    def __init__(self, name, model_name, settings, arrays, description=""):
+    def __init__(self, name, model_name, settings, arrays, description="", best=False):
         super().__init__(name, model_name, settings, description)
-        self.arrays = arrays
+        self.arrays, self.best = arrays, best
         self.epoch = 0
+        if best:
+            self.warm = max(self.warm, 2 * BEST_STEPS_PER_EXECUTION)
 
     def build(self):
-        self.model = plain_compiled(self.model_name, self.settings.seed)
+        self.model = plain_compiled(self.model_name, self.settings.seed, self.best)
 
     def _run(self, steps):
-        times = []
         x, y = self.arrays
-        self.epoch = training_table.fit_numpy_steps(
-            self.model, x, y, self.settings.batch_size, self.warm + steps, self.epoch,
-            callbacks=[training_table.KerasTimer(times)])
-        return training_table.timed_part(times, self.warm)
+        steps, seconds, self.epoch = fit_numpy_window(
+            self.model, x, y, self.settings.batch_size, self.warm, steps, self.epoch)
+        return steps, seconds
 
 
 class Keras3Variant(training_table._StepWindow):  # pylint: disable=protected-access
@@ -180,6 +239,8 @@ class Keras3Variant(training_table._StepWindow):  # pylint: disable=protected-ac
     def __init__(self, name, model_name, settings, arrays_file, path, op, description="",
                  backend="tensorflow", python=None):
         super().__init__(name, model_name, settings, description)
+        if op == "fit_numpy_best":
+            self.warm = max(self.warm, 2 * BEST_STEPS_PER_EXECUTION)
         self.arrays_file, self.path, self.op = arrays_file, path, op
         self.backend, self.python = backend, python or sys.executable
         self.child = None
@@ -237,18 +298,16 @@ def serve(args):
 
     def compiled(kind):
         if kind not in models:
-            models[kind] = plain_compiled(args.model, args.seed)
+            models[kind] = plain_compiled(args.model, args.seed, best=kind == "numpy_best")
         return models[kind]
 
     state = {"epoch": 0, "dataset": None}
 
-    def fit_numpy(message):
-        times = []
-        total = message["warm"] + message["steps"]
-        state["epoch"] = training_table.fit_numpy_steps(
-            compiled("numpy"), x, y, args.batch_size, total, state["epoch"],
-            callbacks=[training_table.KerasTimer(times)])
-        steps, seconds = training_table.timed_part(times, message["warm"])
+    def fit_numpy(message, kind="numpy"):
+        key = f"epoch_{kind}"
+        steps, seconds, state[key] = fit_numpy_window(
+            compiled(kind), x, y, args.batch_size, message["warm"], message["steps"],
+            state.get(key, 0))
         return {"steps": steps, "seconds": seconds}
 
     def fit_dataset(message):
@@ -273,7 +332,8 @@ def serve(args):
                                                          f"{state['windows']}"))
         return {"steps": steps, "seconds": seconds}
 
-    turns.serve({"fit_numpy": fit_numpy, "fit_dataset": fit_dataset, "engine": engine},
+    turns.serve({"fit_numpy": fit_numpy, "fit_numpy_best": lambda m: fit_numpy(m, "numpy_best"),
+                 "fit_dataset": fit_dataset, "engine": engine},
                 keras=keras.__version__, tensorflow=tf.__version__,
                 backend=keras.backend.backend(), tf_keras=tf.keras.Model.__module__)
     return 0
@@ -281,6 +341,8 @@ def serve(args):
 
 KERAS3_ENGINE = "keras3 engine"
 KERAS3_NUMPY = "keras3 fit_numpy"
+KERAS3_NUMPY_BEST = "keras3 fit_numpy best"
+TF_KERAS_NUMPY, TF_KERAS_NUMPY_BEST = "tf_keras fit_numpy", "tf_keras fit_numpy best"
 JAX_ENGINE = "keras3[jax] engine"
 JAX_NUMPY = "keras3[jax] fit_numpy"
 
@@ -294,8 +356,13 @@ def variants(model_name, path, settings, arrays, arrays_file, keras3=True, jax=N
         EngineFitVariant("engine Model.fit(make_dataset)", model_name, settings, path,
                          "the engine's compiled model and pipeline, bare Model.fit "
                          "(no engine callbacks)"),
-        NumpyVariant("tf_keras fit_numpy", model_name, settings, arrays,
-                     "plain tf-keras Model.fit on numpy arrays, Adam(1e-3)"),
+        NumpyVariant(TF_KERAS_NUMPY, model_name, settings, arrays,
+                     "plain tf-keras Model.fit on numpy arrays, Adam(1e-3), Keras' defaults "
+                     "(float32, one step per call)"),
+        NumpyVariant(TF_KERAS_NUMPY_BEST, model_name, settings, arrays,
+                     f"as tf_keras fit_numpy with steps_per_execution="
+                     f"{BEST_STEPS_PER_EXECUTION} and {experiment_policy(model_name)}",
+                     best=True),
     ]
     if keras3:
         out += [
@@ -304,7 +371,11 @@ def variants(model_name, path, settings, arrays, arrays_file, keras3=True, jax=N
                           "train --engine keras3), TensorFlow backend, in a fresh interpreter"),
             Keras3Variant(KERAS3_NUMPY, model_name, settings, arrays_file, path,
                           "fit_numpy", "plain Keras 3 Model.fit on numpy arrays, Adam(1e-3), "
-                          "TensorFlow backend, in a fresh interpreter"),
+                          "TensorFlow backend, Keras' defaults (float32, one step per call), "
+                          "in a fresh interpreter"),
+            Keras3Variant(KERAS3_NUMPY_BEST, model_name, settings, arrays_file, path,
+                          "fit_numpy_best", f"as keras3 fit_numpy with steps_per_execution="
+                          f"{BEST_STEPS_PER_EXECUTION} and {experiment_policy(model_name)}"),
             Keras3Variant("keras3 fit(make_dataset)", model_name, settings, arrays_file, path,
                           "fit_dataset", "Keras 3 Model.fit on this package's pipeline "
                           "(cache=auto), TensorFlow backend"),
@@ -324,13 +395,20 @@ def _targets(model_name, m, keras3):
     bare = common.local_ratio(m.log, "engine Model.fit(make_dataset)", ENGINE)
     why = (None if bare is None else
            f"a bare Model.fit on the same pipeline runs at {bare:.2f}x the engine")
-    pairs = [(ENGINE, "tf_keras fit_numpy", "keras.{}.vs_tf_keras_numpy",
-              "keras engine / plain tf-keras fit on numpy", 1.0)]
+    pairs = [(ENGINE, TF_KERAS_NUMPY, "keras.{}.vs_tf_keras_numpy",
+              "keras engine / plain tf-keras fit on numpy at its defaults", 1.0),
+             (ENGINE, TF_KERAS_NUMPY_BEST, "keras.{}.vs_tf_keras_numpy_best",
+              "keras engine / plain tf-keras fit on numpy at its best (like precision)",
+              BEST_THRESHOLD)]
     if keras3:
         pairs += [(ENGINE, KERAS3_NUMPY, "keras.{}.vs_keras3_numpy",
-                   "keras engine / plain Keras 3 fit on numpy", 1.0),
+                   "keras engine / plain Keras 3 fit on numpy at its defaults", 1.0),
                   (KERAS3_ENGINE, KERAS3_NUMPY, "keras.{}.keras3_vs_keras3_numpy",
-                   "keras3 engine / plain Keras 3 fit on numpy, TensorFlow backend", 1.0)]
+                   "keras3 engine / plain Keras 3 fit on numpy at its defaults, TensorFlow "
+                   "backend", 1.0),
+                  (KERAS3_ENGINE, KERAS3_NUMPY_BEST, "keras.{}.keras3_vs_keras3_numpy_best",
+                   "keras3 engine / plain Keras 3 fit on numpy at its best (like precision), "
+                   "TensorFlow backend", BEST_THRESHOLD)]
     return [common.target(ident.format(model_name), f"{model_name}: {label}",
                           common.local_ratio(m.log, a, b), goal,
                           why=m.errors.get(b) or m.errors.get(a) or (why if a == ENGINE else None))
@@ -391,7 +469,12 @@ def run(settings, path=None, models=MODELS, keras3=True):
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "window_steps"],
             "targets": targets, "dataset": path, "tensorflow": tf.__version__,
             "load_before": load_start, "load_after": common.load_average(),
-            "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
+            "notes": ["engines: the experiments' own evaluation cadence (fashion_mnist_mlp "
+                      "2000 steps, fashion_mnist_cnn 469) and precision (seed_mlp float32, "
+                      f"seed_cnn {experiment_policy('seed_cnn')} here); `best` peers: "
+                      f"steps_per_execution={BEST_STEPS_PER_EXECUTION} and the experiment's "
+                      "precision, their defaults: float32, one step per call",
+                      "ratio = median over windows of (rate / mean rate of the nearest "
                       "`engine` windows of the same model before and after it)",
                       "engine windows: one fresh KerasEngine.train (or Keras3Engine.train) "
                       "run each, timed between its progress lines; Keras 3 rows run in a "
