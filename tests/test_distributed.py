@@ -504,3 +504,42 @@ def test_a_chief_that_never_writes_the_initial_weights_is_a_model_dir_error(tmp_
         estimator._wait_for_warm_start(str(tmp_path), logged.append)
     assert not isinstance(caught.value, DataError)
     assert str(tmp_path / "keras") in str(caught.value)
+
+
+@needs_estimator
+def test_an_async_worker_whose_step_ends_with_the_chiefs_training_ends_cleanly(tmp_path):
+    """A parameter-server worker's step in flight can end cancelled when the
+    chief ends the training; once the chief's final checkpoint is at
+    max_steps that is the worker's end, not its failure. Before it, or for
+    any other error, the failure stands."""
+    import threading  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from estimator_keras.engines import estimator  # pylint: disable=import-outside-toplevel
+
+    def save(directory, step):
+        tf.train.Checkpoint(estimator_global_step=tf.Variable(step, dtype=tf.int64)).save(
+            os.path.join(directory, "model.ckpt"))
+
+    cancelled = tf.errors.CancelledError(None, None, "Cancelled")
+    early, done, late = (str(tmp_path / n) for n in ("early", "done", "late"))
+    save(early, 2800)
+    save(done, 3000)
+    assert estimator.finished_by_chief(cancelled, early, 3000, wait_secs=0) is None
+    assert estimator.finished_by_chief(cancelled, done, 3000, wait_secs=0) == 3000
+    assert estimator.finished_by_chief(tf.errors.UnavailableError(None, None, "gone"),
+                                       done, 3000, wait_secs=0) == 3000
+    # An error of the worker's own stays its failure, whatever the step.
+    assert estimator.finished_by_chief(tf.errors.InvalidArgumentError(None, None, "bad"),
+                                       done, 3000, wait_secs=0) is None
+    # The chief's final save can land just after the worker's error.
+    os.makedirs(late)
+    writer = threading.Timer(1.0, save, (late, 3001))
+    writer.start()
+    try:
+        started = time.monotonic()
+        assert estimator.finished_by_chief(cancelled, late, 3000, wait_secs=20) == 3001
+        assert time.monotonic() - started < 15
+    finally:
+        writer.join()

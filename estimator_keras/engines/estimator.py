@@ -30,6 +30,11 @@ logger = logging.getLogger(__name__)
 
 # How long a non-chief task waits for the chief's first files.
 CHIEF_WAIT_SECS = 600
+# How long an asynchronous worker whose step failed looks for the chief's
+# final checkpoint before it reports the failure.
+FINAL_CHECKPOINT_WAIT_SECS = 30
+# The errors a remote step ends with when a task it reads from goes away.
+ENDED_REMOTELY = (tf.errors.CancelledError, tf.errors.AbortedError, tf.errors.UnavailableError)
 # Steps between two releases of free heap memory when no evaluation
 # interval is given (with one, after each interval, as the Keras engines do).
 RELEASE_MEMORY_STEPS = 1000
@@ -348,6 +353,13 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
         if stop_with_chief and preemption is not None and preemption.requested:
             # The chief saved and left: this worker's next all-reduce fails.
             raise preemption.stopped(None) from e
+        if estimator.config.task_type == "worker" and not stop_with_chief:
+            done = finished_by_chief(e, estimator.model_dir, max_steps)
+            if done is not None:
+                if log is not None:
+                    log(f"the chief finished the training at step {done}; this worker's last "
+                        f"step ended with it ({type(e).__name__})")
+                return None
         raise
     if preemption is not None and preemption.requested:
         if not chief and stop_hook.stopped_at is not None:
@@ -360,6 +372,30 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     if result is None:
         return None
     return base.plain_metrics(result[0])
+
+
+def finished_by_chief(error, model_dir, max_steps, wait_secs=FINAL_CHECKPOINT_WAIT_SECS):
+    """The step of the chief's final checkpoint when an asynchronous
+    (parameter server) worker's step failed with ``error`` because the
+    training was over, else None.
+
+    A worker's step reads and updates variables on the ps tasks while the
+    chief ends the training on its own clock; a step in flight then can end
+    cancelled, aborted or unavailable. That is the end of the worker's work,
+    not a failure, once the global step reached ``max_steps``: the chief's
+    final checkpoint in ``model_dir`` says so. It may land a moment after the
+    error, so this looks for it for up to ``wait_secs``."""
+    if not isinstance(error, ENDED_REMOTELY):
+        return None
+    deadline = time.monotonic() + wait_secs
+    while True:
+        latest = tf.train.latest_checkpoint(model_dir)
+        step = checkpoints.checkpoint_step(latest) if latest else None
+        if step is not None and step >= max_steps:
+            return step
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
 
 
 # The arguments an Estimator passes an input_fn, each only where it names it.
