@@ -10,12 +10,16 @@ the keras engine is the only engine. For the seed MLP and the seed CNN
   experiments' input pipeline with ``cache="auto"``), with **the
   experiment's own settings**: its evaluation cadence (2000 and 469 steps)
   and its precision ("auto" for the CNN: bfloat16 where the CPU has it
-  natively). Each window is one fresh run of ``2n`` steps with a progress
+  natively). Each window is one fresh run of ``3n`` steps with a progress
   line every n steps, n sized by the window's seconds, not fitted to the
-  engine's calls; the window times the n steps between the two lines
-  (model building, tracing, the cache fill and the first n steps are
-  outside; a checkpoint and a one-batch evaluation the cadence puts inside
-  are in);
+  engine's calls; the window times the middle n steps, between the first
+  two lines. Outside it are what a run pays once: model building, the
+  first trace and the cache fill before it, and after it the run's end,
+  where the keras3 engine's last calls, planned to stop exactly at
+  ``max_steps``, may be one step shorter and trace their function (once
+  per run; in a 6000-step run that trace is measured by the cadence
+  table). A checkpoint and a one-batch evaluation the cadence puts inside
+  are in;
 - ``engine Model.fit(make_dataset)``: the same compiled model and pipeline
   in a bare ``Model.fit``: what the engine's callbacks cost;
 - ``tf_keras fit_numpy``: plain tf-keras ``Model.fit`` on the uint8 numpy
@@ -146,18 +150,27 @@ class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-ac
                              self.settings.batch_size, steps, model_dir)
 
 
+def middle_window(lines):
+    """(steps, seconds) between the first two of a run's last three
+    progress lines ``[(step, time), ...]`` (at n, 2n and 3n steps): the
+    steady state, after the run's start and before its end."""
+    if len(lines) < 3:
+        raise RuntimeError(f"expected three progress lines, got {lines}")
+    (s0, t0), (s1, t1) = lines[-3], lines[-2]
+    return s1 - s0, t1 - t0
+
+
 def engine_window(engine, model_name, path, batch_size, steps, model_dir):
     """One fresh ``engine.train`` run of the experiment's plan at its own
-    evaluation cadence and precision, ``2 * steps`` steps with a progress
-    line every ``steps``; returns (steps, seconds) between its last two
-    progress lines."""
+    evaluation cadence and precision, ``3 * steps`` steps with a progress
+    line every ``steps``; returns (steps, seconds) of :func:`middle_window`."""
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
     from experiments import context  # pylint: disable=import-outside-toplevel
 
     steps = int(steps)
     exp = experiment(model_name)
     config = dataclasses.replace(exp.config, train=dataclasses.replace(
-        exp.config.train, max_steps=2 * steps, log_every_steps=steps, batch_size=batch_size))
+        exp.config.train, max_steps=3 * steps, log_every_steps=steps, batch_size=batch_size))
     train_fn, eval_fn = context.input_fns(config, path)
     lines = []
 
@@ -175,10 +188,7 @@ def engine_window(engine, model_name, path, batch_size, steps, model_dir):
         engine.train(plan)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
-    if len(lines) < 2:
-        raise RuntimeError(f"expected two progress lines, got {lines}")
-    (s0, t0), (s1, t1) = lines[-2], lines[-1]
-    return s1 - s0, t1 - t0
+    return middle_window(lines)
 
 
 class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected-access

@@ -122,3 +122,18 @@ def test_the_keras_tables_numpy_window_counts_steps_not_calls(steps_per_executio
     # From the first call that ends at or after step 16 to the last step run.
     assert ran - 16 - steps_per_execution < steps <= ran - 16
     assert seconds > 0
+
+
+def test_the_engines_window_is_the_middle_of_its_run():
+    """An engine window times the steps between the lines at n and 2n of a
+    3n-step run: not the start (the first trace) nor the end (where the
+    keras3 engine's last calls, one step shorter, trace their function)."""
+    from benchmarks import keras_table  # pylint: disable=import-outside-toplevel
+
+    # The run's end is slow: a window over it would read 40 steps in 9 s.
+    lines = [(40, 10.0), (80, 12.0), (120, 21.0)]
+    assert keras_table.middle_window(lines) == (40, 2.0)
+    # A line written before them (a run's first step) changes nothing.
+    assert keras_table.middle_window([(8, 1.0)] + lines) == (40, 2.0)
+    with pytest.raises(RuntimeError, match="three progress lines"):
+        keras_table.middle_window(lines[:2])
