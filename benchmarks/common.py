@@ -471,8 +471,11 @@ def target(tid, description, value, threshold, op=">=", why=None, rounds=None):
         row["why"] = "not measured" + (f": {why}" if why else "")
     elif not met:
         word = "short" if op == ">=" else "over"
-        worst = value if not missed else next((v for _, v in missed if v is not None), value)
-        off = (f" ({abs(worst - threshold) / abs(threshold):.1%} {word})" if threshold
+        # The shortfall of the round furthest on the wrong side.
+        numbers = [v for _, v in missed if v is not None and v == v]
+        worst = value if not numbers else (min(numbers) if op == ">=" else max(numbers))
+        off = (f" ({'the worst ' if len(numbers) > 1 else ''}"
+               f"{abs(worst - threshold) / abs(threshold):.1%} {word})" if threshold
                and worst is not None and worst == worst else "")
         if missed:
             which = ", ".join(f"round {k}: {fmt_value(v) if v is not None else 'unmeasured'}"

@@ -10,18 +10,19 @@ the keras engine is the only engine. For the seed MLP and the seed CNN
   experiments' input pipeline with ``cache="auto"``), with **the
   experiment's own settings**: its evaluation cadence (2000 and 469 steps)
   and its precision ("auto" for the CNN: bfloat16 where the CPU has it
-  natively). Each window is one fresh run of ``3n`` steps with a progress
-  line every n steps, n sized by the window's seconds, not fitted to the
-  engine's calls; the window times the middle n steps, between the first
-  two lines. Outside it are what a run pays once: model building, the
-  first trace and the cache fill before it, and after it the run's end,
-  where the keras3 engine's last calls, planned to stop exactly at
-  ``max_steps``, may be one step shorter and trace their function (once
-  per run; in a 6000-step run that trace is measured by the cadence
-  table). A checkpoint and a one-batch evaluation the cadence puts inside
-  are in;
-- ``engine Model.fit(make_dataset)``: the same compiled model and pipeline
-  in a bare ``Model.fit``: what the engine's callbacks cost;
+  natively). Each window is one fresh run with a progress line every n
+  steps, n sized by the window's seconds, not fitted to the engine's
+  calls: the run first takes one pass over the train split (rounded up to
+  a multiple of n), then ``3n`` steps, and the window times the middle n
+  of those. Outside it are what a run pays once: model building, the first
+  traces and the first pass, which fills the in-memory cache (a user's run
+  of ten passes pays it once), and after it the run's end, where the
+  engines' last calls stop exactly at ``max_steps``. The warm-up run that
+  sizes n is such a run too, so n comes from the steady rate. A checkpoint
+  and a one-batch evaluation the cadence puts inside are in;
+- ``engine Model.fit(make_dataset)``: the same compiled model (the
+  engine's steps per call) and pipeline in a bare ``Model.fit``: what the
+  engine's callbacks cost;
 - ``tf_keras fit_numpy``: plain tf-keras ``Model.fit`` on the uint8 numpy
   arrays (``tf.keras.optimizers.Adam(1e-3)``) at Keras' defaults (float32,
   one step per call), and ``... best``: with the knobs the engines set for
@@ -160,17 +161,28 @@ def middle_window(lines):
     return s1 - s0, t1 - t0
 
 
+def first_pass_steps(path, batch_size, steps):
+    """The steps of one pass over the train split at ``path``, rounded up to
+    a multiple of ``steps``."""
+    from estimator_keras import manifest  # pylint: disable=import-outside-toplevel
+
+    examples = manifest.load_manifest(path).split("train").num_examples
+    return -(-examples // (batch_size * steps)) * steps
+
+
 def engine_window(engine, model_name, path, batch_size, steps, model_dir):
     """One fresh ``engine.train`` run of the experiment's plan at its own
-    evaluation cadence and precision, ``3 * steps`` steps with a progress
-    line every ``steps``; returns (steps, seconds) of :func:`middle_window`."""
+    evaluation cadence and precision with a progress line every ``steps``:
+    one pass over the train split (:func:`first_pass_steps`), then ``3 *
+    steps`` steps; returns (steps, seconds) of :func:`middle_window`."""
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
     from experiments import context  # pylint: disable=import-outside-toplevel
 
     steps = int(steps)
     exp = experiment(model_name)
     config = dataclasses.replace(exp.config, train=dataclasses.replace(
-        exp.config.train, max_steps=3 * steps, log_every_steps=steps, batch_size=batch_size))
+        exp.config.train, max_steps=first_pass_steps(path, batch_size, steps) + 3 * steps,
+        log_every_steps=steps, batch_size=batch_size))
     train_fn, eval_fn = context.input_fns(config, path)
     lines = []
 
@@ -199,22 +211,27 @@ class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected
     def __init__(self, name, model_name, settings, path, description=""):
         super().__init__(name, model_name, settings, description, group="knob")
         self.path = path
+        # Two whole calls before the window (see NumpyVariant).
+        self.warm = max(self.warm, 2 * BEST_STEPS_PER_EXECUTION)
 
     def build(self):
+        from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
         from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
         from experiments import context  # pylint: disable=import-outside-toplevel
 
         exp = experiment(self.model_name)
         self.model = keras_engine.compile_for_keras(
-            context.experiment_plan(exp, exp.config, policy=experiment_policy(self.model_name)))
+            context.experiment_plan(exp, exp.config, policy=experiment_policy(self.model_name)),
+            base.MAX_STEPS_PER_EXECUTION)
         train_fn, _ = context.input_fns(exp.config, self.path)
         self.dataset = train_fn()
 
     def _run(self, steps):
-        times = []
+        records = []
         self.model.fit(self.dataset, epochs=1, steps_per_epoch=self.warm + steps, verbose=0,
-                       callbacks=[training_table.KerasTimer(times)])
-        return training_table.timed_part(times, self.warm)
+                       callbacks=[StepTimer(records)])
+        start = next(r for r in records if r[0] >= self.warm)
+        return records[-1][0] - start[0], records[-1][1] - start[1]
 
 
 class NumpyVariant(training_table._StepWindow):  # pylint: disable=protected-access

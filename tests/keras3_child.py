@@ -219,7 +219,7 @@ def run_steps_per_call(data_dir, model_dir, options):
     longer = keras3.Keras3Engine().train(make_plan(data_dir, model_dir, evaluations, logs,
                                                    **dict(fields, max_steps=36)))
     # The calls themselves, on a model of its own (the engine's callback in fit).
-    model = keras3.compile_for_keras3(plan, keras3.MAX_STEPS_PER_EXECUTION)
+    model = keras3.compile_for_keras3(plan, base.MAX_STEPS_PER_EXECUTION)
     meter = base.ProgressMeter(plan.log_every_steps, log=lambda line: None)
     ends = CallEnds()
     model.fit(keras3._datasets(plan, model)[0], epochs=3, steps_per_epoch=12, verbose=0,

@@ -692,6 +692,12 @@ def test_a_target_is_met_only_when_every_round_meets_it():
     assert swung["value"] == pytest.approx(1.05)
     assert swung["spread"] == [0.98, 1.05, 1.1]
     assert swung["why"].startswith("1 of 3 rounds miss (round 2: 0.98), needs >= 1 (2.0% short)")
+    # Two rounds miss: the shortfall is the worse one's, whichever came first.
+    twice = common.target("k.mlp", "engine / baseline", None, 1.0, rounds=[0.98, 0.9, 1.1])
+    assert twice["why"].startswith("2 of 3 rounds miss (round 1: 0.98, round 2: 0.9), needs "
+                                   ">= 1 (the worst 10.0% short)"), twice["why"]
+    over = common.target("t", "seconds", None, 10.0, op="<", rounds=[10.5, 12.0, 9.0])
+    assert "(the worst 20.0% over)" in over["why"], over["why"]
     steady = common.target("k.mlp", "engine / baseline", None, 1.0, rounds=[1.05, 1.01, 1.1])
     assert steady["met"] is True and steady["value"] == pytest.approx(1.05)
     # A round that measured nothing (its process failed) cannot count as met.

@@ -3,6 +3,7 @@
 child interpreter all train, alternating, and the targets come out."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -137,3 +138,18 @@ def test_the_engines_window_is_the_middle_of_its_run():
     assert keras_table.middle_window([(8, 1.0)] + lines) == (40, 2.0)
     with pytest.raises(RuntimeError, match="three progress lines"):
         keras_table.middle_window(lines[:2])
+
+
+def test_the_engines_run_first_takes_one_whole_pass_over_the_train_split(fashion_data):
+    """The window starts after the first pass, which fills the cache: at
+    least the split's batches, in whole progress intervals."""
+    from benchmarks import keras_table  # pylint: disable=import-outside-toplevel
+    from estimator_keras import manifest  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(str(fashion_data), "fashion_mnist")
+    examples = manifest.load_manifest(path).split("train").num_examples
+    batches = -(-examples // 128)
+    steps = keras_table.first_pass_steps(path, 128, 7)
+    assert steps % 7 == 0 and batches <= steps < batches + 7
+    assert keras_table.first_pass_steps(path, 128, batches) == batches
+

@@ -117,6 +117,39 @@ def test_a_finished_run_continues_when_max_steps_grows(keras_run, tmp_path):
     assert json.loads((model_dir / "export" / "export.json").read_text())["global_step"] == 200
 
 
+def _progress_steps(text):
+    return [int(s) for s in re.findall(r"^step (\d+)/\d+", text, re.M)]
+
+
+def test_calls_run_several_steps_and_still_end_on_every_evaluation_and_max_steps(
+        fashion_data, tmp_path):
+    """A progress line at every step shows where each call of Keras' training
+    function ends: 8 steps a call, the epoch's last call shortened by Keras
+    (20 = 8 + 8 + 4), the last one by the engine to stop on max_steps."""
+    model_dir = tmp_path / "run"
+    common = ("--eval-every", 20, "--batch-size", 32, "--hparams", "log_every_steps=1")
+    rc, _, err = _train(fashion_data, model_dir, "--max-steps", 45, *common,
+                        name="fashion_mnist_mlp")
+    assert rc == 0, err[-3000:]
+    # The first call (step 8, with the tracing) starts the rates: no line.
+    assert _progress_steps(err) == [16, 20, 28, 36, 40, 45], err[-3000:]
+    assert [int(s) for s in re.findall(r"evaluated step (\d+)", err)] == [20, 40, 45]
+    assert checkpoint_steps(model_dir) == [0, 20, 40, 45]
+    assert json.loads((model_dir / "export" / "export.json").read_text())["global_step"] == 45
+
+    # Resumed off a multiple: Keras' epochs of 20 steps count from the resume.
+    rc, _, err = _train(fashion_data, model_dir, "--max-steps", 70, *common,
+                        name="fashion_mnist_mlp")
+    assert rc == 0, err[-3000:]
+    assert _progress_steps(err) == [61, 65, 70], err[-3000:]
+    assert checkpoint_steps(model_dir)[-2:] == [65, 70]
+    # A whole-split evaluation (data of unknown length) through the CLI too.
+    rc, out, err = cli("evaluate", "fashion_mnist_mlp", "--data-dir", fashion_data,
+                       "--model-dir", model_dir, "--engine", "keras", "--json")
+    assert rc == 0, err[-2000:]
+    assert json.loads(out)["global_step"] == 70
+
+
 def test_sigkilled_run_is_restored_by_backup_and_restore(fashion_data, tmp_path):
     model_dir = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:

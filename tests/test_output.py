@@ -39,7 +39,7 @@ def test_progress_and_final_lines_say_what_they_measure(trained, engine):
     steps = re.findall(r"^step (\d+)/40, loss [\d.]+, [\d.]+ steps/s, [\d,]+ examples/s, "
                        r"(\d+ s|\d+ min \d+ s) left$", err, re.M)
     found = [int(s) for s, _ in steps]
-    if engine == "keras3":
+    if engine in ("keras", "keras3"):
         # A line at the end of the call of Keras' training function that
         # passes each multiple of 10: calls of 8 that end at each evaluation
         # (8, 16, 20, 28, 36, 40).

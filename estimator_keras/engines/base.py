@@ -29,6 +29,12 @@ import typing
 from estimator_keras import io
 from estimator_keras.errors import ModelDirError, NumericalError, UsageError
 
+# Keras returns to Python (and to the callbacks) once per call of its compiled
+# training function: a small model's step is mostly that return, so the Keras
+# engines run this many steps in a call. The callbacks see every this many
+# steps at most, so a preemption's checkpoint waits for at most this many.
+MAX_STEPS_PER_EXECUTION = 8
+
 logger = logging.getLogger(__name__)
 
 

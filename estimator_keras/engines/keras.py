@@ -15,6 +15,11 @@ the cluster commands do not change:
   continues from its last checkpoint when ``max_steps`` grows, and a model
   dir the Estimator trained continues here at its global step;
 - ``max_steps`` is exact: the step count is the optimizer's ``iterations``;
+- :data:`~estimator_keras.engines.base.MAX_STEPS_PER_EXECUTION` steps run in
+  one call of Keras' compiled training function (Keras shortens the last
+  call of each epoch itself, :class:`StepLimit` the one that reaches
+  ``max_steps``), so a small model's steps do not each wait on Python; one
+  step a call in a TF_CONFIG cluster (:meth:`KerasEngine.train`);
 - a NaN or infinite loss stops training with :class:`NumericalError`.
 
 Example::
@@ -59,29 +64,49 @@ def _step(model):
 
 
 class StepLimit(tf.keras.callbacks.Callback):
-    """Stops at exactly ``max_steps``, feeds the progress lines, and raises on
-    a NaN loss (looked at with every progress line and at every epoch's end,
-    before its checkpoint).
+    """Counts the steps of each call, stops at exactly ``max_steps``, feeds
+    the progress lines, and raises on a NaN loss (looked at with every
+    progress line and at every epoch's end, before its checkpoint).
+
+    Keras calls the batch hooks once per call of its training function, which
+    runs the model's ``steps_per_execution`` steps (``full``), or the rest of
+    the epoch where fewer are left: Keras' own rule, repeated here to count.
+    The call that would pass ``max_steps`` is shortened to end on it, through
+    the model's public ``steps_per_execution``, and the full length is put
+    back after it.
 
     The step is counted here rather than read from the optimizer, and the
-    loss is read only when a line is due: reading either every step would
-    make TensorFlow finish each step before starting the next.
+    loss is read only when a line is due: reading either every call would
+    make TensorFlow finish each call before starting the next.
     """
 
-    def __init__(self, max_steps, meter, manager):
+    def __init__(self, max_steps, meter, manager, full=1):
         super().__init__()
         self.max_steps, self.meter, self.manager = max_steps, meter, manager
-        self.step = 0
+        self.full = full
+        self.step = self.call = 0
+        self.shortened = False
         # Keras' callback protocol: batch logs may then come as tensors,
-        # without a wait for each step's results.
+        # without a wait for each call's results.
         self._supports_tf_logs = True
 
     def on_train_begin(self, logs=None):
         self.step = _step(self.model)
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.call = min(self.full, self.params["steps"] - batch)
+        if self.step + self.call > self.max_steps:
+            self.call = self.max_steps - self.step
+            self.model.steps_per_execution = self.call
+            self.shortened = True
+
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
-        if (self.meter.first is None or self.step % self.meter.every_steps == 0
+        before, self.step = self.step, self.step + self.call
+        if self.shortened:
+            self.model.steps_per_execution = self.full
+            self.shortened = False
+        every = self.meter.every_steps
+        if (self.meter.first is None or self.step // every > before // every
                 or self.step >= self.max_steps):
             self.meter.update(self.step, self._finite_loss(logs))
         if self.step >= self.max_steps:
@@ -103,12 +128,18 @@ class Checkpoints(tf.keras.callbacks.Callback):
     eval_every_steps steps, or the last, shorter one); stops early when the
     plan's EarlyStopping says so."""
 
-    def __init__(self, manager, hooks, is_chief, first_run, early_stopping):
+    def __init__(self, manager, hooks, is_chief, first_run, early_stopping, evaluate,
+                 log_dir=None):
         super().__init__()
         self.manager, self.hooks, self.is_chief = manager, hooks, is_chief
         self.first_run, self.early_stopping = first_run, early_stopping
-        self.saved = None
+        self.evaluate = evaluate
+        self.saved = self.metrics = None
         self.history = []
+        # Flushed at every evaluation: a TensorBoard reading LOG_DIR
+        # (Vertex AI's) follows the run as it trains.
+        self.writers = {sub: summaries.ScalarWriter(io.join(log_dir, sub))
+                        for sub in SUMMARY_SUBDIRS} if log_dir else {}
 
     def on_train_begin(self, logs=None):
         if self.first_run:
@@ -117,13 +148,21 @@ class Checkpoints(tf.keras.callbacks.Callback):
             self.saved = self.manager.save(checkpoint_number=_step(self.model))
 
     def on_epoch_end(self, epoch, logs=None):
-        step = _step(self.model)
+        step, logs = _step(self.model), logs or {}
         self.saved = self.manager.save(checkpoint_number=step)
         memory.release_free_memory()
-        metrics = base.validation_metrics(logs)
+        metrics = self.metrics = self.evaluate(self.model)
+        if self.writers:
+            # Keras' TensorBoard callback's names, at the global step.
+            self.writers["train"].write({f"epoch_{k}": v for k, v in logs.items()}, step)
+            self.writers["validation"].write({f"epoch_{k}": v for k, v in metrics.items()}, step)
         if metrics and base.record_evaluation(self.hooks, step, metrics, self.saved,
                                               self.is_chief, self.early_stopping, self.history):
             self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        for writer in self.writers.values():
+            writer.close()
 
 
 class WithoutBatchHooks(tf.keras.callbacks.Callback):
@@ -174,29 +213,6 @@ class WithoutBatchHooks(tf.keras.callbacks.Callback):
         self.callback.on_predict_end(logs)
 
 
-class EpochSummaries(tf.keras.callbacks.Callback):
-    """Each epoch's (evaluation's) training and validation metrics as
-    TensorBoard scalars at the global step, in LOG_DIR/train and
-    LOG_DIR/validation with Keras' ``epoch_`` names, flushed at once: a
-    TensorBoard reading LOG_DIR (Vertex AI's) follows the run as it trains."""
-
-    def __init__(self, log_dir):
-        super().__init__()
-        self.writers = {sub: summaries.ScalarWriter(io.join(log_dir, sub))
-                        for sub in SUMMARY_SUBDIRS}
-
-    def on_epoch_end(self, epoch, logs=None):
-        step, logs = _step(self.model), logs or {}
-        self.writers["train"].write({f"epoch_{k}": v for k, v in logs.items()
-                                     if not k.startswith("val_")}, step)
-        self.writers["validation"].write({f"epoch_{k[len('val_'):]}": v for k, v in logs.items()
-                                          if k.startswith("val_")}, step)
-
-    def on_train_end(self, logs=None):
-        for writer in self.writers.values():
-            writer.close()
-
-
 class PreemptionCheckpoint(tf.keras.callbacks.Callback):
     """On SIGTERM or SIGINT (seen by the plan's PreemptionWatch): a checkpoint
     at the step just taken, then Preempted, before any evaluation runs.
@@ -206,23 +222,21 @@ class PreemptionCheckpoint(tf.keras.callbacks.Callback):
     :class:`~estimator_keras.engines.preemption.StopAgreement`).
     """
 
-    def __init__(self, watch, manager, is_chief, strategy):
+    def __init__(self, watch, manager, is_chief, strategy, steps):
         super().__init__()
         self.watch, self.manager, self.is_chief = watch, manager, is_chief
         self.agreement = preemption.StopAgreement(watch, strategy)
-        self.step = 0
+        # The StepLimit before this callback, which counts each call's steps.
+        self.steps = steps
         self._supports_tf_logs = True  # it reads no logs (see StepLimit)
 
-    def on_train_begin(self, logs=None):
-        self.step = _step(self.model)
-
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
-        if self.agreement.stop_after(self.step):
-            self.manager.save(checkpoint_number=self.step)
+        step = self.steps.step
+        if self.agreement.stop_after(step):
+            self.manager.save(checkpoint_number=step)
             if not self.is_chief:
                 io.rmtree(self.manager.directory)  # the scratch copy nobody reads
-            raise self.watch.stopped(self.step, by_chief=not self.is_chief)
+            raise self.watch.stopped(step, by_chief=not self.is_chief)
 
 
 def _task(strategy):
@@ -242,6 +256,32 @@ def _backup_checkpoint(backup):
         if "checkpoint" in files and tf.train.latest_checkpoint(root):
             return tf.train.latest_checkpoint(root)
     return None
+
+
+def _steps_per_call(model):
+    """The steps each call of ``model``'s training function runs."""
+    if model.autotune_steps_per_execution:
+        raise UsageError("the keras engine plans its calls of Keras' training function itself: "
+                         "compile the model with a number of steps_per_execution, not 'auto'.")
+    variable = model.steps_per_execution
+    return 1 if variable is None else int(variable.numpy())
+
+
+def _evaluate(model, data, steps=None):
+    """Metrics of ``model`` on ``steps`` batches of ``data`` (None: all).
+
+    Keras 2 runs several steps a call only over data of known length, which
+    a TFRecord split's is not: such an evaluation runs one step a call.
+    """
+    full = _steps_per_call(model)
+    if steps is None and full > 1:
+        model.steps_per_execution = 1
+    try:
+        values = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
+    finally:
+        if steps is None and full > 1:
+            model.steps_per_execution = full
+    return {k: float(v) for k, v in values.items()}
 
 
 def _fit(plan, build_compiled_model):
@@ -317,44 +357,42 @@ def _fit(plan, build_compiled_model):
             tf.data.experimental.AutoShardPolicy.DATA)
         eval_data = eval_data.with_options(options)
 
+    full = _steps_per_call(model)
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
                                plan.max_steps)
-    saver = Checkpoints(manager, hooks, is_chief, latest is None, plan.early_stopping)
-    # The backup first: then a periodic checkpoint in MODEL_DIR never outruns
-    # the backup (only a preemption's does, and a restart sees that).
-    # Saving per epoch, BackupAndRestore needs none of its batch hooks.
-    callbacks = [WithoutBatchHooks(tf.keras.callbacks.BackupAndRestore(backup)),
-                 StepLimit(plan.max_steps, meter, manager), saver]
-    if plan.preemption is not None:
-        callbacks.insert(2, PreemptionCheckpoint(plan.preemption, manager, is_chief,
-                                                 plan.strategy))
+    log_dir = None
     if importlib.util.find_spec("tensorboard") is not None:
-        if is_chief:
-            # Before the saver: an evaluation's numbers are in the summaries
-            # by the time it is reported.
-            callbacks.insert(callbacks.index(saver),
-                             EpochSummaries(plan.summary_dir or plan.model_dir))
+        log_dir = (plan.summary_dir or plan.model_dir) if is_chief else None
     elif is_chief:
         # TensorFlow 2.16+ no longer installs TensorBoard itself.
         hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
+    saver = Checkpoints(manager, hooks, is_chief, latest is None, plan.early_stopping,
+                        lambda trained: _evaluate(trained, eval_data, plan.eval_steps),
+                        log_dir)
+    limit = StepLimit(plan.max_steps, meter, manager, full)
+    # The backup first: then a periodic checkpoint in MODEL_DIR never outruns
+    # the backup (only a preemption's does, and a restart sees that).
+    # Saving per epoch, BackupAndRestore needs none of its batch hooks.
+    callbacks = [WithoutBatchHooks(tf.keras.callbacks.BackupAndRestore(backup)), limit, saver]
+    if plan.preemption is not None:
+        callbacks.insert(2, PreemptionCheckpoint(plan.preemption, manager, is_chief,
+                                                 plan.strategy, limit))
 
-    metrics = None
     if step < plan.max_steps:
-        history = model.fit(
+        # Evaluated by the saver rather than fit's validation, which Keras
+        # refuses for data of unknown length under several steps a call.
+        model.fit(
             train_data, epochs=math.ceil(plan.max_steps / plan.eval_every_steps),
             initial_epoch=step // plan.eval_every_steps, steps_per_epoch=plan.eval_every_steps,
-            validation_data=eval_data, validation_steps=plan.eval_steps, callbacks=callbacks,
-            verbose=0)
-        metrics = {k[len("val_"):]: float(v[-1]) for k, v in history.history.items()
-                   if k.startswith("val_") and v} or None
+            callbacks=callbacks, verbose=0)
+    metrics = saver.metrics
     step = _step(model)
     if metrics is None:
         # Nothing left to train (or BackupAndRestore ended it): evaluate the
         # model as it is, so every run reports its numbers.
-        values = model.evaluate(eval_data, steps=plan.eval_steps, verbose=0, return_dict=True)
-        metrics = {k: float(v) for k, v in values.items()}
+        metrics = _evaluate(model, eval_data, plan.eval_steps)
         hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
-    metrics["global_step"] = step
+    metrics = dict(metrics, global_step=step)
     saved = saver.saved or manager.latest_checkpoint
     if is_chief and not base.in_tf_cluster(strategy) and not _backup_checkpoint(backup):
         # Empty once training completed. Under MultiWorkerMirroredStrategy the
@@ -413,11 +451,12 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
     return _fit(plan, build_compiled_model)
 
 
-def compile_for_keras(plan):
-    """The plan's model compiled with the current Keras optimizers."""
+def compile_for_keras(plan, steps_per_call=1):
+    """The plan's model compiled with the current Keras optimizers,
+    ``steps_per_call`` steps per call of its training function."""
     model = plan.build_model()
     model.compile(optimizer=optimizers.keras_optimizer(plan.optimizer, plan.learning_rate),
-                  loss=plan.loss, metrics=plan.metrics())
+                  loss=plan.loss, metrics=plan.metrics(), steps_per_execution=steps_per_call)
     return model
 
 
@@ -430,9 +469,7 @@ def evaluate_checkpoint(build_compiled_model, checkpoint, dataset, steps=None):
     model = build_compiled_model()
     checkpoints.check_compatible(model, checkpoint)
     tf.train.Checkpoint(root=model).restore(checkpoint).expect_partial()
-    values = model.evaluate(model_inputs.as_model_inputs(model, dataset), steps=steps, verbose=0,
-                            return_dict=True)
-    metrics = {k: float(v) for k, v in values.items()}
+    metrics = _evaluate(model, model_inputs.as_model_inputs(model, dataset), steps)
     metrics["global_step"] = checkpoints.checkpoint_step(checkpoint)
     return metrics
 
@@ -443,7 +480,11 @@ class KerasEngine(base.TFCheckpointEngine):
     name = "keras"
 
     def train(self, plan):
-        return _fit(plan, lambda: compile_for_keras(plan))
+        # Across workers one step a call: inside the multi-step loop,
+        # TensorFlow's collective gather of sparse gradients (an embedding's)
+        # fails on a shape mismatch between the workers.
+        steps = 1 if base.in_tf_cluster(plan.strategy) else base.MAX_STEPS_PER_EXECUTION
+        return _fit(plan, lambda: compile_for_keras(plan, steps))
 
     def evaluate(self, plan, checkpoint):
         return evaluate_checkpoint(lambda: compile_for_keras(plan), checkpoint,

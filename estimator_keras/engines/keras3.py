@@ -16,11 +16,11 @@ It keeps the other engines' contract:
   count started at where another engine's state could not move);
   evaluations stay on multiples of ``eval_every_steps`` after a resume from
   any step;
-- :data:`MAX_STEPS_PER_EXECUTION` steps run in one call of Keras'
-  compiled training function, or one fewer where an evaluation's window
-  does not divide by it, the calls planned to end exactly at each
-  evaluation and at ``max_steps`` (:class:`TrainingSteps`), whatever the
-  cadence;
+- :data:`~estimator_keras.engines.base.MAX_STEPS_PER_EXECUTION` steps run
+  in one call of Keras' compiled training function, or one fewer where an
+  evaluation's window does not divide by it, the calls planned to end
+  exactly at each evaluation and at ``max_steps`` (:class:`TrainingSteps`),
+  whatever the cadence;
 - a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
   preemption), optimizer state included; a finished run trains nothing and
   reports its evaluation; a model dir that holds only a TensorFlow checkpoint
@@ -65,12 +65,6 @@ from estimator_keras.errors import ConfigError, DataError, ModelDirError
 # The two runs of the summaries, named as Keras' TensorBoard callback names them.
 SUMMARY_SUBDIRS = ("train", "validation")
 
-# Keras returns to Python (and to the callbacks) once per call of its compiled
-# training function: a small model's step is mostly that return, so several
-# steps go in one call. The callbacks see every this many steps at most, so a
-# preemption's checkpoint waits for at most this many steps.
-MAX_STEPS_PER_EXECUTION = 8
-
 
 def _step(model, start):
     """The run's step: the optimizer's own count, which started at ``start``
@@ -92,7 +86,7 @@ class TrainingSteps(keras.callbacks.Callback):
     (built once per length with Keras' ``make_train_function`` and kept),
     the full one after it. Every evaluation and checkpoint stays on its
     exact step at any cadence, and the calls run
-    :data:`MAX_STEPS_PER_EXECUTION` steps, or one fewer.
+    :data:`~estimator_keras.engines.base.MAX_STEPS_PER_EXECUTION` steps, or one fewer.
 
     The model is held here rather than read from ``Callback.model``: on JAX
     that property copies the state back from the training loop at every
@@ -367,7 +361,7 @@ def _fit(plan):
         # after a restart (base.run_seed), so a resumed run draws anew.
         keras.utils.set_random_seed(int(seed))
     with _scope(plan.strategy):
-        model = compile_for_keras3(plan, MAX_STEPS_PER_EXECUTION)
+        model = compile_for_keras3(plan, base.MAX_STEPS_PER_EXECUTION)
         step = start = 0
         if group is not None:
             step, start = resume.from_process_0(model, plan, group, latest or other, chosen,
