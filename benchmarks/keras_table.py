@@ -11,10 +11,11 @@ the keras engine is the only engine. For the seed MLP and the seed CNN
   experiment's own settings**: its evaluation cadence (2000 and 469 steps)
   and its precision ("auto" for the CNN: bfloat16 where the CPU has it
   natively). Each window is one fresh run with a progress line every n
-  steps, n sized by the window's seconds, not fitted to the engine's
-  calls: the run first takes one pass over the train split (rounded up to
-  a multiple of n), then ``3n`` steps, and the window times the middle n
-  of those. Outside it are what a run pays once: model building, the first
+  steps, n sized by the window's seconds and rounded up to whole calls of
+  8 steps, so that the run ends on a whole call as the experiments' own
+  6000 steps do (the evaluations stay at the experiment's cadence): the
+  run first takes one pass over the train split (rounded up to a multiple
+  of n), then ``3n`` steps, and the window times the middle n of those. Outside it are what a run pays once: model building, the first
   traces and the first pass, which fills the in-memory cache (a user's run
   of ten passes pays it once), and after it the run's end, where the
   engines' last calls stop exactly at ``max_steps``. The warm-up run that
@@ -126,8 +127,14 @@ def fit_numpy_window(model, x, y, batch_size, warm, steps, epoch):
                                            callbacks=[StepTimer(records)])
     ran = int(model.optimizer.iterations.numpy()) - before
     records[-1] = (max(ran, records[-1][0]), records[-1][1])
+    return (*timed_calls(records, warm), epoch)
+
+
+def timed_calls(records, warm):
+    """(steps, seconds) of StepTimer ``records`` from the end of the first
+    call that ends at or after step ``warm`` to the last call's end."""
     start = next(r for r in records if r[0] >= warm)
-    return records[-1][0] - start[0], records[-1][1] - start[1], epoch
+    return records[-1][0] - start[0], records[-1][1] - start[1]
 
 
 class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-access
@@ -172,13 +179,20 @@ def first_pass_steps(path, batch_size, steps):
 
 def engine_window(engine, model_name, path, batch_size, steps, model_dir):
     """One fresh ``engine.train`` run of the experiment's plan at its own
-    evaluation cadence and precision with a progress line every ``steps``:
-    one pass over the train split (:func:`first_pass_steps`), then ``3 *
-    steps`` steps; returns (steps, seconds) of :func:`middle_window`."""
+    evaluation cadence and precision with a progress line every ``steps``
+    (rounded up to whole calls of the engines' steps per call): one pass
+    over the train split (:func:`first_pass_steps`), then ``3 * steps``
+    steps; returns (steps, seconds) of :func:`middle_window`."""
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
     from experiments import context  # pylint: disable=import-outside-toplevel
 
-    steps = int(steps)
+    # Whole calls only: a run that ends between two multiples of the call
+    # length ends in shorter calls, whose function is traced at its first
+    # call, inside the warm-up's window (a 20-step window read a tenth of
+    # the steady rate). At a multiple, the one-pass run and 3n end on calls
+    # of full length.
+    full = base.MAX_STEPS_PER_EXECUTION
+    steps = -(-int(steps) // full) * full
     exp = experiment(model_name)
     config = dataclasses.replace(exp.config, train=dataclasses.replace(
         exp.config.train, max_steps=first_pass_steps(path, batch_size, steps) + 3 * steps,
@@ -230,8 +244,7 @@ class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected
         records = []
         self.model.fit(self.dataset, epochs=1, steps_per_epoch=self.warm + steps, verbose=0,
                        callbacks=[StepTimer(records)])
-        start = next(r for r in records if r[0] >= self.warm)
-        return records[-1][0] - start[0], records[-1][1] - start[1]
+        return timed_calls(records, self.warm)
 
 
 class NumpyVariant(training_table._StepWindow):  # pylint: disable=protected-access

@@ -153,3 +153,29 @@ def test_the_engines_run_first_takes_one_whole_pass_over_the_train_split(fashion
     assert steps % 7 == 0 and batches <= steps < batches + 7
     assert keras_table.first_pass_steps(path, 128, batches) == batches
 
+
+
+def test_an_engine_run_ends_on_a_whole_call_so_its_window_holds_no_trace(tiny, tmp_path):
+    """A progress interval of 20 steps is rounded up to 24, whole calls of
+    8: a run ending at a step between multiples ends in shorter calls, whose
+    function is traced inside the window and read a tenth of the steady
+    rate when it sized the table's windows."""
+    from benchmarks import keras_table  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
+
+    class Recorder:
+        plans = []
+
+        def train(self, plan):
+            self.plans.append(plan)
+            for step in range(plan.log_every_steps, plan.max_steps + 1, plan.log_every_steps):
+                plan.hooks.log(f"step {step}: loss 1.0")
+
+    full = base.MAX_STEPS_PER_EXECUTION
+    for asked in (20, 24, 25):
+        steps, _ = keras_table.engine_window(Recorder(), "seed_mlp", tiny, 16, asked,
+                                             str(tmp_path / f"run-{asked}"))
+        plan = Recorder.plans[-1]
+        assert steps == plan.log_every_steps == -(-asked // full) * full
+        assert plan.max_steps % full == 0
+        assert plan.max_steps == keras_table.first_pass_steps(tiny, 16, steps) + 3 * steps
