@@ -154,7 +154,6 @@ def test_the_engines_run_first_takes_one_whole_pass_over_the_train_split(fashion
     assert keras_table.first_pass_steps(path, 128, batches) == batches
 
 
-
 def test_an_engine_run_ends_on_a_whole_call_so_its_window_holds_no_trace(tiny, tmp_path):
     """A progress interval of 20 steps is rounded up to 24, whole calls of
     8: a run ending at a step between multiples ends in shorter calls, whose
