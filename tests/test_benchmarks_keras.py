@@ -157,8 +157,7 @@ def test_the_engines_run_first_takes_one_whole_pass_over_the_train_split(fashion
 def test_an_engine_run_ends_on_a_whole_call_so_its_window_holds_no_trace(tiny, tmp_path):
     """A progress interval of 20 steps is rounded up to 24, whole calls of
     8: a run ending at a step between multiples ends in shorter calls, whose
-    function is traced inside the window and read a tenth of the steady
-    rate when it sized the table's windows."""
+    function is traced inside the window that sizes the table's windows."""
     from benchmarks import keras_table  # pylint: disable=import-outside-toplevel
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
 
