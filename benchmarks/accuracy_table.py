@@ -84,7 +84,7 @@ class KnobVariant(training_table.EstimatorVariant):
         self.batch, self.precision = batch, precision
 
     def build(self):
-        from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines.estimator import engine as est_lib  # pylint: disable=import-outside-toplevel
 
         model_dir = os.path.join(self.settings.workdir, TABLE, "knobs",
                                  "".join(c if c.isalnum() else "_" for c in self.name))
@@ -113,7 +113,7 @@ class EvalVariant(Variant):
 
     def build(self):
         from estimator_keras import inputs  # pylint: disable=import-outside-toplevel
-        from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines.estimator import engine as est_lib  # pylint: disable=import-outside-toplevel
 
         model_dir = os.path.join(self.settings.workdir, TABLE, "eval",
                                  "".join(c if c.isalnum() else "_" for c in self.name))

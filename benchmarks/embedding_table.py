@@ -7,7 +7,7 @@ private network namespace where the system allows it) train a model of one
 ``Embedding(1,000,000, 128)`` table (float32, 512 MB), 8 lookups per
 example, batch 64 per worker, Flatten and a softmax Dense, with legacy SGD:
 
-- ``dense``: the engine's :func:`~estimator_keras.engines.estimator.to_estimator`,
+- ``dense``: the engine's :func:`~estimator_keras.engines.estimator.engine.to_estimator`,
   whose optimizer sums every gradient across the workers as a dense tensor
   (the whole table, every step; see ``sums_sparse_as_dense`` for why);
 - ``sparse``: ``model_to_estimator`` with the optimizer's own aggregation,
@@ -58,7 +58,7 @@ def task():
     # Before any eager op: collectives are configured at the strategy's creation.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from estimator_keras.engines import estimator as est  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.estimator import engine as est  # pylint: disable=import-outside-toplevel
 
     tf.keras.utils.set_random_seed(0)  # the same initial weights in every task
     ids = tf.keras.Input((LOOKUPS,), dtype="int64", name="ids")

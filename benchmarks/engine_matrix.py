@@ -170,7 +170,7 @@ class Probe:
             return proc.returncode, log.read()
 
     def latest_step(self, case):
-        from estimator_keras.engines import keras3_checkpoints  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints  # pylint: disable=import-outside-toplevel
 
         try:
             latest = keras3_checkpoints.latest(self.model_dir(case))

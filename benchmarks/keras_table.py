@@ -149,7 +149,7 @@ class EngineVariant(training_table._StepWindow):  # pylint: disable=protected-ac
         self.windows = 0
 
     def _run(self, steps):
-        from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines.keras import engine as keras_engine  # pylint: disable=import-outside-toplevel
 
         self.windows += 1
         model_dir = os.path.join(self.settings.workdir, TABLE,
@@ -230,7 +230,7 @@ class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected
 
     def build(self):
         from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
-        from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines.keras import engine as keras_engine  # pylint: disable=import-outside-toplevel
         from experiments import context  # pylint: disable=import-outside-toplevel
 
         exp = experiment(self.model_name)
@@ -330,7 +330,7 @@ def serve(args):
     engines.prepare_keras("keras3")
     tf = common.quiet_tensorflow()
     import keras  # pylint: disable=import-outside-toplevel
-    from estimator_keras.engines import keras3 as keras3_engine  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.keras3 import engine as keras3_engine  # pylint: disable=import-outside-toplevel
 
     arrays = np.load(args.arrays)
     x, y = arrays["x"], arrays["y"]

@@ -126,7 +126,7 @@ class EstimatorVariant(_StepWindow):
         self.warm += fill_steps
 
     def build(self):
-        from estimator_keras.engines import estimator as est_lib  # pylint: disable=import-outside-toplevel
+        from estimator_keras.engines.estimator import engine as est_lib  # pylint: disable=import-outside-toplevel
 
         model_dir = os.path.join(self.settings.workdir, "training",
                                  f"{self.model_name}-{self.name}".replace(" ", "_")

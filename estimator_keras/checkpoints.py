@@ -1,40 +1,32 @@
-"""Finding and reading the checkpoints of every engine: which a model dir
-holds, which step and engine wrote one, whether it fits a model, and the one
-correct way to load a TensorFlow checkpoint into Keras.
+"""Reading TensorFlow checkpoints: the newest in a model dir, the step one
+holds, whether it fits a model, and the one correct way to load one into
+Keras.
 
 The estimator and keras engines write object-based TensorFlow checkpoints
 whose weight keys are the model's
-(``layer_with_weights-N/kernel/.ATTRIBUTES/VARIABLE_VALUE``); the Estimator
-adds its ``estimator_global_step``, the keras engine its optimizer's
-``iter``. The keras3 engine writes Keras 3 weights files instead
-(:mod:`estimator_keras.engines.keras3_checkpoints`). Every guarantee that
-reads a model dir (the refusal of changed settings, the engine ``auto``
-continues with, the Keras 2 engines' refusal of a keras3 dir) asks
-:func:`any_checkpoint` or :func:`engine_of`, which know both kinds.
+(``layer_with_weights-N/kernel/.ATTRIBUTES/VARIABLE_VALUE``), with the
+step as the Estimator's global step or the optimizer's ``iter``. Which
+engine wrote a model dir is the registry's question
+(:mod:`estimator_keras.engines.model_dirs`), since an engine may keep
+checkpoints of its own format.
 
 An Estimator checkpoint loads correctly into Keras only into an *uncompiled*
 model with ``model.load_weights(prefix)``: ``tf.train.Checkpoint(model=m).restore``
 silently restores wrong weights.
 
-TensorFlow is imported by the functions that read a TensorFlow checkpoint:
-whether the keras3 engine has checkpointed is known without it, before
-:func:`estimator_keras.engines.prepare_keras` has chosen tf.keras.
+TensorFlow is imported by the functions that read a checkpoint.
 """
 
 import os
 import tempfile
 
-from estimator_keras import io
-# The keras3 engine's file format alone, not the engine registry (which imports this module).
-import estimator_keras.engines.keras3_checkpoints as keras3_checkpoints
-from estimator_keras.errors import CheckpointMismatchError, EngineMismatchError, ModelDirError
+from estimator_keras.errors import CheckpointMismatchError, ModelDirError
 
 # pylint: disable=import-outside-toplevel  (TensorFlow, where a TF checkpoint is read)
 
 _STEP_KEYS = ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step",
               "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",
               "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
-_ESTIMATOR_STEP = _STEP_KEYS[0]
 
 
 def tf_checkpoint(model_dir):
@@ -44,37 +36,11 @@ def tf_checkpoint(model_dir):
     return tf.train.latest_checkpoint(str(model_dir))
 
 
-def keras3_checkpoint(model_dir):
-    """The keras3 engine's newest checkpoint (a Keras 3 weights file) in
-    ``model_dir``, or None; read from its file names, without Keras 3 or
-    TensorFlow."""
-    return keras3_checkpoints.find(model_dir)
-
-
-def any_checkpoint(model_dir):
-    """The newest checkpoint of any engine in ``model_dir`` (the keras3
-    engine's first: it continues a TF checkpoint beside it and writes its own
-    at once), or None. Imports TensorFlow unless a keras3 checkpoint is there."""
-    return keras3_checkpoint(model_dir) or tf_checkpoint(model_dir)
-
-
-def engine_of(model_dir):
-    """"estimator", "keras" or "keras3": the engine that wrote
-    ``model_dir``'s newest checkpoint, or None where there is none. A model
-    dir the keras3 engine has written to is keras3's (known without
-    TensorFlow); others import TensorFlow."""
-    if keras3_checkpoints.present(model_dir):
-        return "keras3"
-    latest = tf_checkpoint(model_dir)
-    return checkpoint_engine(latest) if latest else None
-
-
 def latest_checkpoint(model_dir):
     """The newest TensorFlow checkpoint prefix in ``model_dir``; ModelDirError
-    if none (saying so when the keras3 engine's checkpoints are there instead)."""
+    if none."""
     ckpt = tf_checkpoint(model_dir)
     if ckpt is None:
-        check_not_keras3(model_dir, "estimator or keras")
         raise ModelDirError(f"{model_dir} holds no checkpoint: train first "
                             f"(`python -m experiments train ... --model-dir {model_dir}`).")
     return ckpt
@@ -92,42 +58,6 @@ def checkpoint_step(checkpoint):
         if key.endswith(tuple("/" + k for k in _STEP_KEYS[2:])):
             return int(reader.get_tensor(key))
     return None
-
-
-def checkpoint_engine(checkpoint):
-    """"estimator" or "keras": which engine wrote ``checkpoint``."""
-    import tensorflow as tf
-    reader = tf.train.load_checkpoint(checkpoint)
-    return "estimator" if reader.has_tensor(_ESTIMATOR_STEP) else "keras"
-
-
-def check_estimator_can_restore(checkpoint):
-    """The Estimator restores only its own checkpoints (it needs its global
-    step there); the keras engine restores both. Raises ModelDirError for a
-    keras-engine checkpoint, saying what works instead."""
-    if checkpoint_engine(checkpoint) == "keras":
-        model_dir = io.parent(checkpoint)
-        raise ModelDirError(
-            f"{model_dir} was trained by the keras engine, and tf.estimator cannot restore "
-            f"its checkpoint {checkpoint} (it has no estimator_global_step). Use --engine "
-            f"keras for this model dir, or start a new --model-dir; the weights move between "
-            f"engines as {io.join(model_dir, 'export', 'weights.h5')}.")
-
-
-def check_not_keras3(model_dir, engine):
-    """Raises ModelDirError when the keras3 engine has checkpointed in
-    ``model_dir``: the Keras 2 engines cannot read Keras 3 weights files, and
-    resuming from an older TensorFlow checkpoint beside them would lose its
-    steps. The message says what to use instead."""
-    found = keras3_checkpoint(model_dir)
-    if found is None:
-        return
-    raise EngineMismatchError(
-        f"{model_dir} was trained by the keras3 engine (Keras 3): its checkpoint {found} is a "
-        f"Keras 3 weights file, which the {engine} engine (Keras 2) cannot restore. Continue "
-        f"this model dir with --engine keras3, or move the weights to a new --model-dir by "
-        f"hand: {io.join(model_dir, 'export', 'weights.h5')} (every keras3 export writes it) "
-        f"loads into the same builder's Keras 2 model with model.load_weights(path).")
 
 
 def _model_checkpoint_keys(model):

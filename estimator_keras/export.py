@@ -169,7 +169,7 @@ def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
     """Exports ``checkpoint`` to ``MODEL_DIR/best`` when its ``metric`` beats
     the one recorded there; returns the export dir, or None when not better.
     ``exporter`` writes it (default :func:`export_model`; the keras3 engine
-    passes :func:`estimator_keras.keras3_export.export_model`).
+    passes :func:`estimator_keras.engines.keras3.export.export_model`).
 
     Runs the export on a fresh thread: the caller may be inside a finalized
     Estimator graph or a distribution strategy's scope, and neither may leak

@@ -15,7 +15,8 @@ import traceback
 import warnings
 
 from estimator_keras import engines, memory
-from estimator_keras.engines import preemption
+from estimator_keras.distribute import preemption
+from estimator_keras.engines import keras_setup
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
 from experiments import cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags, tune_cmd
 
@@ -57,8 +58,13 @@ def build_parser():
                    help="write the export even when the export dir already holds the "
                         "latest checkpoint's")
 
-    p = sub.add_parser("show", help="print an experiment's resolved configuration as YAML")
-    p.add_argument("name", metavar="NAME", help="experiment name (see `list`)")
+    p = sub.add_parser("show", help="print an experiment's resolved configuration as YAML, "
+                                    "or with --engine what the registry says of an engine")
+    p.add_argument("name", metavar="NAME", nargs="?", help="experiment name (see `list`)")
+    p.add_argument("--engine", metavar="ENGINE",
+                   help="instead of an experiment: an engine's registry entry (its Keras, "
+                        "backends, cluster tasks, strategies, cloud jobs, image, and the "
+                        "model dirs it continues) and whether it runs here")
     p.add_argument("--config", metavar="FILE", help="a config file, as for train")
     p.add_argument("--hparams", default="", metavar="K=V,...", help="as for train")
     p.add_argument("--dataset", metavar="NAME_OR_DIR", help="as for train")
@@ -205,7 +211,7 @@ def main(argv=None):
         sys.stderr.write("interrupted\n")
         return 130
     except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] not in ("tensorflow", "tensorflow_estimator", "tf_keras"):
+        if (e.name or "").split(".")[0] not in keras_setup.TENSORFLOW_STACK:
             _fail(e, args.verbose, internal=True)
             return 1
         _fail(EstimatorKerasError(

@@ -34,7 +34,7 @@ import tempfile
 
 from estimator_keras import engines, io
 from estimator_keras.distribute import launcher
-from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, UsageError
 from experiments import commands, parsing, registry
 

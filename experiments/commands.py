@@ -12,6 +12,8 @@ import importlib
 import json
 import os
 
+import yaml
+
 from estimator_keras import engines, io, manifest
 from estimator_keras.cloud import jobenv
 from estimator_keras.engines.base import duration, format_metrics
@@ -113,6 +115,17 @@ def trial_hparams(extra):
 
 
 def cmd_show(args):
+    if getattr(args, "engine", None):
+        if args.name:
+            raise UsageError(f"show takes an experiment NAME or --engine, not both (got "
+                             f"{args.name} and --engine {args.engine}).")
+        entry = engines.registry.get(args.engine)
+        status = dict((name, text) for name, text in engines.describe())[entry.name]
+        print(yaml.safe_dump(dict(entry.facts(), here=status), sort_keys=False,
+                             default_flow_style=False, width=100), end="")
+        return 0
+    if not args.name:
+        raise UsageError("show needs an experiment NAME (see `list`), or --engine ENGINE.")
     _, config = experiment_config(args)
     print(config_files.to_yaml(config), end="")
     return 0

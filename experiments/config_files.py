@@ -30,7 +30,8 @@ import typing
 
 import yaml
 
-from estimator_keras import checkpoints, io
+from estimator_keras import io
+from estimator_keras.engines import model_dirs
 from estimator_keras.errors import ConfigError, ModelDirError, UsageError
 from experiments import hparams
 from experiments.config import DataConfig, TrainConfig
@@ -161,7 +162,7 @@ def changed_settings(model_dir, config, dataset_path, data):
     changes in a model dir that has checkpoints of any engine (empty
     otherwise)."""
     path = io.join(model_dir, RUN_CONFIG)
-    if not io.exists(path) or checkpoints.any_checkpoint(model_dir) is None:
+    if not io.exists(path) or model_dirs.any_checkpoint(model_dir) is None:
         return []
     try:
         before = yaml.safe_load(io.read_text(path)) or {}

@@ -13,10 +13,11 @@ import time
 import tensorflow as tf
 
 from estimator_keras import engines, inputs, manifest, model_inputs, precision, records
+from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config
 from estimator_keras.engines import base, optimizers
-from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import DataError, SchemaError
 from estimator_keras.schema import feature_map
 from experiments import config_files, data_info, datasets, prepare
@@ -58,43 +59,6 @@ def header_line(config, strategy_name, replicas, info, engine_name, how=None, ru
 def describe_devices(platform, count):
     """How the header names ``count`` devices of ``platform``: "cpu", "gpu", "4 gpus"."""
     return platform if count == 1 else f"{count} {platform}s"
-
-
-# Keras 3 convolution layers, by their public names.
-CONVOLUTIONS = ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose",
-                "Conv3DTranspose", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D",
-                "SeparableConv2D")
-# fashion_mnist_cnn on the keras3 engine on 2-core CPUs: 2.9 steps/s on JAX
-# against 23 on TensorFlow as a user measured it, and the keras table of
-# BENCHMARKS.md (seed_cnn keras3[jax] engine 4.25, keras3 engine 11.70).
-SLOW_JAX_CPU = (
-    "this model has convolution layers, and Keras 3's JAX backend runs convolutions on the "
-    "CPU several times slower than TensorFlow's: fashion_mnist_cnn trained at 2.9 steps/s on "
-    "JAX against 23 on TensorFlow on a 2-core CPU (about 8x; BENCHMARKS.md's keras table: 4.25 "
-    "against 11.70).")
-
-
-def _layers(layer):
-    for sub in getattr(layer, "layers", None) or ():
-        yield sub
-        yield from _layers(sub)
-
-
-def slow_backend_warning(backend, platform, model, processes=1):
-    """A warning for a backend known to be much slower on this hardware for
-    ``model``: JAX on the CPU for a model with convolutions; else None.
-    ``processes``: how many train together (Keras 3 trains several on JAX only)."""
-    if backend != "jax" or platform != "cpu":
-        return None
-    import keras  # pylint: disable=import-outside-toplevel  (Keras 3: the JAX backend's)
-    convolutions = tuple(getattr(keras.layers, name) for name in CONVOLUTIONS
-                         if hasattr(keras.layers, name))
-    if not any(isinstance(layer, convolutions) for layer in _layers(model)):
-        return None
-    if processes > 1:
-        return (f"warning: {SLOW_JAX_CPU} Train it in one process with KERAS_BACKEND=tensorflow, "
-                f"or as a cluster with --engine keras.")
-    return f"warning: {SLOW_JAX_CPU} Set KERAS_BACKEND=tensorflow to train it on TensorFlow."
 
 
 def engine_for(requested, model_dir):
@@ -272,9 +236,10 @@ class RunContext:
         # Only now: importing an engine loads Keras.
         engine_obj = engines.get_engine(engine_name)
         replicas = strategy_lib.num_replicas(distribute)
+        training_group = groups.of(distribute)
         backend, platform, devices = engines.backend_devices(engine_obj.name)
         task_log(info, header_line(config, strategy_name, replicas, info, engine_obj.name,
-                                   getattr(distribute, "description", None),
+                                   training_group.description,
                                    f"{backend}, {describe_devices(platform, devices)}"))
         dataset_path = ensure_data(config, data_dir, source_dir,
                                    is_chief=info.is_chief, num_workers=prepare_workers)
@@ -283,10 +248,10 @@ class RunContext:
         changed = config_files.changed_settings(model_dir, config, dataset_path, data)
         latest = engine_obj.latest_checkpoint(str(model_dir))
         start_step = (engine_obj.checkpoint_step(latest) or 0) if latest else 0
-        if hasattr(distribute, "from_process_0"):
+        if training_group.process_0_decides:
             # A group starts where process 0's model dir says, whatever the
             # others see: they all train, or none does.
-            start_step = int(distribute.from_process_0(start_step))
+            start_step = int(training_group.from_process_0(start_step))
         seed = base.run_seed(config.train.seed, start_step)
         policy, policy_reason = precision.resolve(config.train.precision)
         if config.train.precision != "float32":
@@ -297,11 +262,11 @@ class RunContext:
         engines.check_model_keras(probe, engine_obj.name,
                                   source=f"experiment {config.name}'s model builder")
         check_inputs(probe, config, dataset_path)
-        slow = slow_backend_warning(backend, platform, probe, info.num_workers)
+        slow = engines.setup_warning(engine_obj.name, backend, platform, probe, info.num_workers)
         if slow and info.is_chief:
             task_log(info, slow)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
-                                      shard=getattr(distribute, "input_shard", None))
+                                      shard=training_group.input_shard)
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,
                    strategy_name=strategy_name, distribute=distribute, replicas=replicas,
                    model_dir=str(model_dir), export_dir=export_dir,
@@ -310,6 +275,12 @@ class RunContext:
                    start_step=start_step, seed=seed, policy=policy, policy_reason=policy_reason,
                    preemption_grace=preemption_grace, data=data, flat_export=flat_export,
                    hypertune_metric=hypertune_metric, changed=changed)
+
+    @property
+    def group(self):
+        """What training runs under, as a
+        :class:`~estimator_keras.distribute.groups.TrainingGroup`."""
+        return groups.of(self.distribute)
 
     def log(self, message):
         task_log(self.info, message)

@@ -50,8 +50,8 @@ from typing import Callable, List, Optional, Sequence
 from estimator_keras import engines, io
 from estimator_keras.cloud import space as space_lib
 from estimator_keras.cloud import jaxjob, packaging, submission, tfjob
-from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, KERAS_BACKENDS, JobSpec,
-                                        check_keras3_job)
+from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, JobSpec, check_job_engine,
+                                        job_entry, keras_backends)
 from estimator_keras.errors import ConfigError, UsageError
 from experiments import catalog, config_files, hparams, registry, train_flags
 
@@ -155,7 +155,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         default="vertex",
                         help="vertex (default) submits; tfjob writes a Kubeflow TFJob "
                              "manifest, jaxjob (--engine keras3) a Kubeflow JAXJob")
-    parser.add_argument("--keras-backend", choices=KERAS_BACKENDS,
+    parser.add_argument("--keras-backend", choices=keras_backends(),
                         help="--engine keras3 only: KERAS_BACKEND of the job's containers "
                              "(default jax; tensorflow only without --workers)")
     parser.add_argument("--image", metavar="URI",
@@ -326,7 +326,7 @@ def _check_target(args) -> None:
     before the engine's own cluster check (whose advice does not know targets)."""
     engine = getattr(args, "engine", None) or "auto"
     tfjob.check_engine(args.target, engine)
-    check_keras3_job(engine, args.keras_backend, args.workers, args.ps, args.evaluator)
+    check_job_engine(engine, args.keras_backend, args.workers, args.ps, args.evaluator)
 
 
 def _check_strategy(args) -> None:
@@ -337,7 +337,10 @@ def _check_strategy(args) -> None:
             % (args.strategy, args.ps))
     engine = getattr(args, "engine", None) or "auto"
     # Checked as the job's containers will run, on the job's Keras backend.
-    job_environ = dict(os.environ, KERAS_BACKEND=args.keras_backend or KERAS_BACKENDS[0])
+    backends = job_entry(engine).backends
+    job_environ = dict(os.environ)
+    if backends:
+        job_environ["KERAS_BACKEND"] = args.keras_backend or backends[0]
     engines.check_cluster(engine, ps="--ps" if args.ps else None,
                           evaluator="--evaluator" if args.evaluator else None,
                           workers=f"--workers {args.workers}" if args.workers else None,

@@ -26,7 +26,7 @@ from estimator_keras import engines, export as export_lib, io, manifest, summari
 from estimator_keras import tf_errors, verify
 from estimator_keras.cloud import hypertune
 from estimator_keras.engines import base
-from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
+from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
                                     ModelDirError, Preempted, TensorFlowError)
 from estimator_keras.modeldir import ModelDirLock
@@ -83,7 +83,7 @@ class Runner:
             export_lib.recover_export(self._export_dir())
             latest = self._check_checkpoint()
             config_files.write(ctx.model_dir, ctx.config, ctx.dataset_path, ctx.data)
-            if getattr(ctx.distribute, "chief_work_stalls_others", False):
+            if ctx.group.chief_work_stalls_others:
                 self.best = export_lib.BestCandidate(ctx.model_dir, ctx.config.best_metric,
                                                      ctx.config.higher_is_better)
             if latest and (ctx.engine.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
@@ -109,7 +109,7 @@ class Runner:
     def worker(self):
         """Trains its share in step with the chief; exports nothing."""
         ctx = self.ctx
-        if (hasattr(ctx.distribute, "from_process_0")
+        if (ctx.group.process_0_decides
                 and ctx.start_step >= ctx.config.train.max_steps):
             # Process 0 trains nothing either (the step is its, see RunContext).
             ctx.log(f"process 0's model dir is already at step {ctx.start_step} (--max-steps "

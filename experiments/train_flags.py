@@ -10,7 +10,7 @@ nothing else to change.
 import argparse
 
 from estimator_keras import engines
-from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 
 STRATEGIES = ("auto", "none", "mirrored", "multi_worker_mirrored", "parameter_server")
 
@@ -52,7 +52,7 @@ def add_run_flags(parser, exclude=()):
 
 def add_engine_flag(parser, exclude=()):
     add = _Adder(parser, exclude)
-    add("--engine", default="auto", choices=list(engines.CHOICES),
+    add("--engine", default="auto", choices=list(engines.choices()),
         help="estimator: tf.estimator.train_and_evaluate (TensorFlow <= 2.15); keras: "
              "Model.fit of Keras 2 (TensorFlow 2.15+, tf-keras on 2.16+); keras3: Model.fit "
              "of Keras 3 on the backend KERAS_BACKEND names (tensorflow, jax); auto "

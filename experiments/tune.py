@@ -45,7 +45,7 @@ from typing import Dict, List, Optional
 from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
 from estimator_keras.distribute.launcher import PREEMPTION_MARGIN, signal_group
-from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
 
 TRIALS_JSON = "trials.json"

@@ -46,6 +46,7 @@ ENVIRONMENTS = {
             "test_preemption_tasks.py", "test_reliability.py", "test_resume_randomness.py",
             "test_submit_flags.py", "test_tune.py", "test_vector_data.py",
             "test_messages.py", "test_one_input_models.py", "test_exit.py",
+            "test_engine_house.py", "test_a_fourth_engine.py",
         ),
         # The keras engine's guarantees run in the keras env (TensorFlow 2.21).
         engines=("estimator",),
@@ -134,12 +135,15 @@ ENVIRONMENTS = {
             "test_model_dir_guarantees.py", "test_modeldir_lock.py", "test_one_input_models.py",
             "test_output.py", "test_plugins.py", "test_precision.py", "test_preemption.py",
             "test_prepare_files.py", "test_records.py", "test_reliability.py",
-            "test_sources.py", "test_your_data.py",
+            "test_sources.py", "test_your_data.py", "test_engine_house.py",
+            "test_a_fourth_engine.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),
         skips={
             "tests/test_docs.py::test_the_docs_build_strictly":
+                "MkDocs comes with the docs extra, which the Quickstart does not install",
+            "tests/test_a_fourth_engine.py::test_the_docs_engine_table_has_its_column":
                 "MkDocs comes with the docs extra, which the Quickstart does not install",
             "tests/test_engine_interface.py::*[[]estimator[]]":
                 "tf.estimator ends with TensorFlow 2.15",

@@ -17,9 +17,9 @@ import keras
 
 from estimator_keras import inputs
 from estimator_keras.engines import base, keras3
-from estimator_keras.engines import keras3_checkpoints as ckpts
-from estimator_keras.engines import keras3_resume
-from estimator_keras.engines.preemption import PreemptionWatch
+from estimator_keras.engines.keras3 import checkpoints as ckpts
+from estimator_keras.engines.keras3 import resume as keras3_resume
+from estimator_keras.distribute.preemption import PreemptionWatch
 from estimator_keras.errors import ConfigError, ModelDirError, NumericalError, Preempted
 
 NUM_FEATURES, NUM_CLASSES = 4, 3

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_keras import checkpoints, export, fit_and_evaluate, make_dataset, write_records
-from estimator_keras.engines.keras import evaluate_checkpoint
+from estimator_keras.engines.keras.engine import evaluate_checkpoint
 from estimator_keras.errors import ModelDirError
 
 

@@ -22,7 +22,7 @@ def test_list_shows_every_experiment():
     # Every engine has a line; the one auto picks is available; only TF 2.15 has the Estimator.
     from estimator_keras import engines  # pylint: disable=import-outside-toplevel
     found = dict(re.findall(r"\n  (\S+) +(available|not available)", out))
-    assert all(name in found for name in engines.ENGINES), out
+    assert all(name in found for name in engines.names()), out
     assert found[engines.auto_from_metadata()] == "available", out
     estimator = re.search(r"\n  estimator +(\S+)", out).group(1)
     assert estimator == ("available" if engines.estimator_available() else "not"), out

@@ -496,7 +496,7 @@ def test_a_chief_that_never_writes_the_initial_weights_is_a_model_dir_error(tmp_
     """A worker waits for the chief's initial weights in the shared model
     dir; their absence is the model dir's fault (not shared, or another
     one), not the data's: ModelDirError, which names the dir."""
-    from estimator_keras.engines import estimator  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.estimator import engine as estimator  # pylint: disable=import-outside-toplevel
     from estimator_keras.errors import DataError, ModelDirError  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(estimator, "CHIEF_WAIT_SECS", 0)
     logged = []
@@ -516,7 +516,7 @@ def test_an_async_worker_whose_step_ends_with_the_chiefs_training_ends_cleanly(t
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from estimator_keras.engines import estimator  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.estimator import engine as estimator  # pylint: disable=import-outside-toplevel
 
     def save(directory, step):
         tf.train.Checkpoint(estimator_global_step=tf.Variable(step, dtype=tf.int64)).save(

@@ -81,7 +81,7 @@ def test_an_embedding_model_trains_in_a_cluster(tags, tmp_path, engine, ps, stra
 def test_the_dense_sum_survives_model_to_estimators_optimizer_clone():
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from estimator_keras.engines import estimator_sums as est_lib  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.estimator import sums as est_lib  # pylint: disable=import-outside-toplevel
 
     schedule = tf.keras.optimizers.schedules.CosineDecay(0.5, 100, alpha=0.1)
     optimizer = est_lib.dense_sum_optimizer(tf.keras.optimizers.legacy.SGD(schedule, momentum=0.9))
@@ -106,7 +106,7 @@ def test_the_dense_sum_survives_model_to_estimators_optimizer_clone():
 @pytest.mark.skipif(not ESTIMATOR, reason="tf.estimator needs TensorFlow 2.15")
 def test_the_estimator_engine_says_its_dense_sum_with_the_tables_size_under_mwms_only():
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from estimator_keras.engines import estimator_sums as est_lib  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.estimator import sums as est_lib  # pylint: disable=import-outside-toplevel
 
     ids = tf.keras.Input((3,), dtype="int64")
     x = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(300_000, 64, name="items")(ids))

@@ -1,12 +1,10 @@
-"""One engine interface (issue 23, item 7): the runner in experiments/ never
-decides anything by an engine's name, every registered engine implements
+"""One engine interface: every registered engine implements
 :class:`estimator_keras.engines.base.Engine`, and what must be known before an
-engine is imported (its cluster roles) is known for each of them."""
+engine is imported (its cluster roles) is known for each of them. That no
+module outside engines/ decides by an engine's name is
+tests/test_engine_house.py's."""
 
-import ast
-import glob
 import inspect
-import os
 import subprocess
 import sys
 
@@ -14,55 +12,15 @@ import pytest
 
 from estimator_keras import engines
 from estimator_keras.distribute import strategy as strategy_lib
-from estimator_keras.engines import base
+from estimator_keras.engines import base, registry
+from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ConfigError
 from support import ROOT, child_env
 
-# Every engine name there is or was planned, so that a comparison with one
-# not yet registered here is found too.
-ENGINE_NAMES = set(engines.ENGINES) | {"estimator", "keras", "keras3"}
-
-
-def name_comparisons(source, filename="<source>"):
-    """(line, text) of each comparison in ``source`` with an engine's name:
-    ``x == "keras"``, ``x != "estimator"``, ``x in ("keras", ...)``."""
-    found = []
-    for node in ast.walk(ast.parse(source, filename)):
-        if not isinstance(node, ast.Compare):
-            continue
-        for operand in [node.left, *node.comparators]:
-            values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [
-                operand]
-            if any(isinstance(v, ast.Constant) and v.value in ENGINE_NAMES for v in values):
-                found.append((node.lineno, ast.get_source_segment(source, node)))
-                break
-    return found
-
-
-def test_the_scan_finds_comparisons_with_engine_names():
-    source = ('if ctx.engine.name == "estimator":\n    pass\n'
-              'ok = engine in ("auto", "keras")\n'
-              'fine = args.command == "train"\n'
-              'if "keras3" != requested:\n    pass\n')
-    assert [line for line, _ in name_comparisons(source)] == [1, 3, 5]
-
-
-def test_the_runner_never_compares_an_engine_name():
-    paths = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
-    assert len(paths) > 10
-    found = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-        found += [f"{os.path.relpath(path, ROOT)}:{line}: {text}"
-                  for line, text in name_comparisons(source, path)]
-    assert not found, ("the runner decides by an engine's name; move what differs behind "
-                       "estimator_keras.engines.base.Engine:\n" + "\n".join(found))
-
 
 def test_every_registered_engine_has_its_cluster_roles():
-    for name in engines.ENGINES:
-        spec = engines.REGISTRY[name].cluster
+    for name in engines.names():
+        spec = registry.get(name).cluster
         assert "chief" in spec.tasks, name
         assert set(spec.tasks) <= {"chief", "worker", "ps", "evaluator"}, name
         assert spec.strategies and set(spec.strategies) <= set(
@@ -77,7 +35,7 @@ def test_the_interface_is_documented():
             "export", "export_if_best"} <= base.Engine.__abstractmethods__
 
 
-@pytest.mark.parametrize("name", engines.ENGINES)
+@pytest.mark.parametrize("name", engines.names())
 def test_every_registered_engine_implements_the_interface(name):
     try:
         engine = engines.get_engine(name)
@@ -117,7 +75,7 @@ def test_every_engine_choice_reaches_the_train_parser():
     from experiments import cli  # pylint: disable=import-outside-toplevel
 
     parser = cli.build_parser()
-    for name in engines.CHOICES:
+    for name in engines.choices():
         assert parser.parse_args(["train", "x", "--engine", name]).engine == name
         assert parser.parse_args(["evaluate", "x", "--engine", name]).engine == name
 
@@ -154,7 +112,7 @@ def test_auto_continues_a_model_dir_with_the_engine_that_wrote_it(tmp_path):
         str(estimator_dir / "model.ckpt"))
     tf.train.Checkpoint(kernel=tf.Variable(1.0)).save(str(keras_dir / "model.ckpt"))
     keras3_dir.mkdir()
-    (keras3_dir / engines.KERAS3_INDEX).write_text('{"latest": "ckpt-5.weights.h5", "all": []}')
+    (keras3_dir / keras3_checkpoints.INDEX).write_text('{"latest": "ckpt-5.weights.h5", "all": []}')
 
     assert engines.auto_for_model_dir(None) == "auto"
     assert engines.auto_for_model_dir(tmp_path) == "auto"  # no checkpoint

@@ -20,7 +20,7 @@ from estimator_keras import inputs, io, manifest, model_inputs, records
 from estimator_keras.records import encode_example
 from estimator_keras import checkpoints
 from estimator_keras.engines import base, optimizers
-from estimator_keras.engines import estimator as est_lib
+from estimator_keras.engines.estimator import engine as est_lib
 from estimator_keras.errors import ModelDirError, SchemaError
 from support import fresh_python
 

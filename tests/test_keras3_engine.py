@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from estimator_keras.engines import keras3_checkpoints as ckpts
+from estimator_keras.engines.keras3 import checkpoints as ckpts
 import keras_envs
 from support import KERAS3_BACKENDS, ROOT, child_env, kill_group
 
@@ -301,7 +301,8 @@ KERAS2_RUN = """
 import json, sys
 import tensorflow as tf
 from estimator_keras import inputs
-from estimator_keras.engines import base, keras as keras_engine
+from estimator_keras.engines import base
+from estimator_keras.engines.keras import engine as keras_engine
 data_dir, model_dir = sys.argv[1:3]
 def build():
     x = tf.keras.Input((4,), name="x")

@@ -56,7 +56,7 @@ _WRITE = _COMMON + textwrap.dedent("""
         model.set_weights(values)
         path = os.path.join(out, name + ".h5")
         if keras3:
-            from estimator_keras import keras3_export
+            from estimator_keras.engines.keras3 import export as keras3_export
             keras3_export.save_legacy_weights(model, path)
         else:
             model.save_weights(path)  # what estimator_keras.export writes
@@ -119,7 +119,7 @@ _TRAIN_AND_EXPORT = textwrap.dedent("""
     import keras
     import tensorflow as tf
     from experiments import models
-    from estimator_keras import keras3_export
+    from estimator_keras.engines.keras3 import export as keras3_export
     from estimator_keras.schema import FeatureSpec
 
     out = sys.argv[1]

@@ -84,7 +84,7 @@ _RESTORE = textwrap.dedent("""
     import numpy as np
     from experiments import models
     from estimator_keras.errors import ModelDirError
-    from estimator_keras.keras3_migration import check_tf_checkpoint, restore_tf_checkpoint
+    from estimator_keras.engines.keras3.migration import check_tf_checkpoint, restore_tf_checkpoint
 
     out = sys.argv[1]
     model = models.seed_cnn({"filters": 2, "dense_units": 8})
@@ -181,7 +181,7 @@ _NEXT_SOURCE = _NEXT_PLAN + textwrap.dedent("""
 _NEXT_KERAS3 = _NEXT_PLAN + textwrap.dedent("""
     import json
     import keras
-    from estimator_keras.engines import keras3, keras3_resume
+    from estimator_keras.engines.keras3 import engine as keras3, resume as keras3_resume
 
     import shutil, tempfile
     out, case, steps = sys.argv[1], sys.argv[3], int(sys.argv[4])

@@ -17,7 +17,8 @@ import textwrap
 import pytest
 
 from estimator_keras import engines
-from estimator_keras.engines import keras_setup
+from estimator_keras.engines import keras_setup, registry
+from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ConfigError
 from support import ROOT, child_env, cli
 
@@ -121,7 +122,7 @@ def test_list_and_auto_import_no_tensorflow_and_agree_with_metadata():
     found = json.loads(out)
     assert found["loaded"] == []
     statuses = {name: (ok, text) for name, ok, text in found["statuses"]}
-    assert list(statuses) == list(engines.ENGINES) and "keras3" in statuses
+    assert list(statuses) == list(engines.names()) and "keras3" in statuses
     ok, text = statuses["keras3"]
     assert ok == KERAS3, text
     if KERAS3:
@@ -147,17 +148,18 @@ def test_auto_follows_tf_keras_and_keras3_model_dirs(tmp_path):
     assert engines.auto_from_metadata({"TF_USE_LEGACY_KERAS": "0"}) == "keras3"
     assert engines.auto_from_metadata({}) == ("keras" if TF_KERAS else "keras3")
     # A model dir the keras3 engine wrote stays on keras3.
-    (tmp_path / engines.KERAS3_INDEX).write_text('{"latest": null, "all": []}')
+    (tmp_path / keras3_checkpoints.INDEX).write_text('{"latest": null, "all": []}')
     assert engines.auto_from_metadata({}, model_dir=tmp_path) == "keras3"
     assert engines.auto_from_metadata({}, model_dir=tmp_path / "other") == (
         "keras" if TF_KERAS else "keras3")
 
 
 def test_registry_names_every_engine_module():
-    # A fourth engine is one module and one registry line.
-    assert engines.CHOICES == ("auto",) + tuple(engines.REGISTRY)
-    for name, entry in engines.REGISTRY.items():
-        assert importlib.util.find_spec(entry.module) is not None, (name, entry.module)
+    # A fourth engine is one folder and one registry entry (tests/test_a_fourth_engine.py).
+    assert engines.choices() == ("auto",) + engines.names()
+    for entry in registry.entries():
+        module = entry.engine.split(":")[0]
+        assert importlib.util.find_spec(module) is not None, (entry.name, module)
     with pytest.raises(ConfigError, match="unknown engine 'nope'.*keras3"):
         engines.get_engine("nope")
     with pytest.raises(ConfigError, match="unknown engine 'nope'.*auto"):

@@ -248,8 +248,8 @@ def test_weights_h5_move_between_the_engines_models(fashion_data, keras_run, tmp
     compiles, predicts exactly what its own model.h5 predicts."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from estimator_keras.engines.estimator import compile_for_estimator  # pylint: disable=import-outside-toplevel
-    from estimator_keras.engines.keras import compile_for_keras  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.estimator.engine import compile_for_estimator  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.keras.engine import compile_for_keras  # pylint: disable=import-outside-toplevel
     from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
     from experiments.context import experiment_plan  # pylint: disable=import-outside-toplevel
 
@@ -338,7 +338,7 @@ def test_engine_choice_errors_name_the_fix(tmp_path):
 
 def test_wrapped_callbacks_get_every_hook_but_the_batch_ones():
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from estimator_keras.engines import keras as keras_engine  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines.keras import engine as keras_engine  # pylint: disable=import-outside-toplevel
 
     class Recorder(tf.keras.callbacks.Callback):
         def __init__(self):

@@ -97,7 +97,7 @@ def test_limit_arenas_caps_the_arenas_of_new_threads_unless_the_user_set_it():
 def test_the_estimator_engine_releases_memory_every_interval(monkeypatch):
     pytest.importorskip("tensorflow_estimator")
     from estimator_keras import memory
-    from estimator_keras.engines import estimator
+    from estimator_keras.engines.estimator import engine as estimator
 
     calls = []
     monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1) or True)

@@ -13,6 +13,7 @@ import tensorflow as tf
 from estimator_keras import engines
 from estimator_keras.distribute.tf_config import parse_tf_config
 from estimator_keras.engines import keras_setup
+from estimator_keras.engines.keras3 import advice
 from estimator_keras.errors import ConfigError
 from experiments import ExperimentConfig, context
 from support import ROOT, cli, child_env, keras3_installed
@@ -166,11 +167,11 @@ def test_jax_on_the_cpu_warns_for_convolutions_only():
                             keras.layers.Flatten(), keras.layers.Dense(2)])
     mlp = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     nested = keras.Sequential([keras.Input((8, 8, 1)), cnn])
-    warning = context.slow_backend_warning("jax", "cpu", cnn)
+    warning = advice.slow_backend_warning("jax", "cpu", cnn)
     assert warning and "KERAS_BACKEND=tensorflow" in warning and "2.9" in warning, warning
-    assert context.slow_backend_warning("jax", "cpu", nested) == warning
+    assert advice.slow_backend_warning("jax", "cpu", nested) == warning
     # Several processes train together on JAX only: the other way is another engine.
-    assert "--engine keras" in context.slow_backend_warning("jax", "cpu", cnn, processes=2)
-    assert context.slow_backend_warning("jax", "cpu", mlp) is None
-    assert context.slow_backend_warning("jax", "gpu", cnn) is None
-    assert context.slow_backend_warning("tensorflow", "cpu", cnn) is None
+    assert "--engine keras" in advice.slow_backend_warning("jax", "cpu", cnn, processes=2)
+    assert advice.slow_backend_warning("jax", "cpu", mlp) is None
+    assert advice.slow_backend_warning("jax", "gpu", cnn) is None
+    assert advice.slow_backend_warning("tensorflow", "cpu", cnn) is None

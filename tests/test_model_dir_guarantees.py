@@ -18,8 +18,9 @@ import subprocess
 import pytest
 import yaml
 
-from estimator_keras import checkpoints, engines
-from estimator_keras.engines import keras3_checkpoints
+from estimator_keras import engines
+from estimator_keras.engines import model_dirs
+from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ModelDirError, UsageError
 from estimator_keras.modeldir import ModelDirLock
 from experiments import cli, commands, config_files, hparams, registry
@@ -66,21 +67,21 @@ def test_every_check_of_a_model_dir_finds_each_engines_checkpoints(tmp_path):
     keras3.mkdir()
     for step in (4, 12):
         (keras3 / keras3_checkpoints.name_of(step)).write_bytes(b"")
-    assert checkpoints.any_checkpoint(empty) is None
-    assert checkpoints.engine_of(empty) is None
-    assert checkpoints.any_checkpoint(estimator) == estimator_ckpt
-    assert checkpoints.engine_of(estimator) == "estimator"
-    assert checkpoints.any_checkpoint(keras) == keras_ckpt
-    assert checkpoints.engine_of(keras) == "keras"
+    assert model_dirs.any_checkpoint(empty) is None
+    assert model_dirs.engine_of(empty) is None
+    assert model_dirs.any_checkpoint(estimator) == estimator_ckpt
+    assert model_dirs.engine_of(estimator) == "estimator"
+    assert model_dirs.any_checkpoint(keras) == keras_ckpt
+    assert model_dirs.engine_of(keras) == "keras"
     # The newest by step; no index needed, nor a damaged one trusted.
-    assert checkpoints.any_checkpoint(keras3) == str(keras3 / "ckpt-12.weights.h5")
+    assert model_dirs.any_checkpoint(keras3) == str(keras3 / "ckpt-12.weights.h5")
     (keras3 / keras3_checkpoints.INDEX).write_text("{damaged")
-    assert checkpoints.any_checkpoint(keras3) == str(keras3 / "ckpt-12.weights.h5")
-    assert checkpoints.engine_of(keras3) == "keras3"
+    assert model_dirs.any_checkpoint(keras3) == str(keras3 / "ckpt-12.weights.h5")
+    assert model_dirs.engine_of(keras3) == "keras3"
     # A keras3 run continues a TF checkpoint and writes its own: that one counts.
     (keras / keras3_checkpoints.name_of(9)).write_bytes(b"")
-    assert checkpoints.any_checkpoint(keras) == str(keras / "ckpt-9.weights.h5")
-    assert checkpoints.engine_of(keras) == "keras3"
+    assert model_dirs.any_checkpoint(keras) == str(keras / "ckpt-9.weights.h5")
+    assert model_dirs.engine_of(keras) == "keras3"
 
 
 @pytest.mark.parametrize("kind", ["keras3", "tf"])
@@ -147,7 +148,7 @@ def test_a_tf_checkpoint_of_another_architecture_names_each_weight_once(tmp_path
     # pylint: disable=import-outside-toplevel
     import keras  # Keras 3, whichever Keras tf.keras is here
     import tensorflow as tf
-    from estimator_keras import keras3_migration
+    from estimator_keras.engines.keras3 import migration as keras3_migration
     layers = {}
     for index, (rows, cols) in enumerate(((4, 8), (8, 3))):
         layer = tf.Module()

@@ -126,7 +126,7 @@ def test_two_fresh_runs_give_identical_weights(fashion_data, tmp_path):
 # and nothing ends the process once the grace has passed.
 LIBRARY_CALLER = r'''
 import os, signal, sys, time
-from estimator_keras.engines import preemption
+from estimator_keras.distribute import preemption
 from estimator_keras.errors import Preempted
 
 seen = []

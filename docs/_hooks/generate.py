@@ -6,6 +6,7 @@ A page asks for generated Markdown with a comment line of its own:
                                         from the argparse parser the CLI itself builds
     <!-- generated: config -->          the config file's fields, from the dataclasses of
                                         experiments/config.py (types, defaults, docstrings)
+    <!-- generated: engines -->         the engines, from the engine registry
     <!-- generated: experiments -->     the built-in experiments and datasets, from the registry
     <!-- generated: python-api -->      a mkdocstrings entry for every public name of
                                         estimator_keras and experiments
@@ -276,6 +277,23 @@ def generate_experiments():
 
 
 # ---------------------------------------------------------------------------
+# The engines, from the engine registry
+
+
+def generate_engines():
+    from estimator_keras.engines import registry  # pylint: disable=import-outside-toplevel
+
+    facts = [entry.facts() for entry in registry.entries()]
+    out = ["Generated from the engine registry when this site was built (what `python -m "
+           "experiments show --engine NAME` prints for each engine).", "",
+           "| | " + " | ".join(_code(f["engine"]) for f in facts) + " |",
+           "| --- |" + " --- |" * len(facts)]
+    for field in list(facts[0])[1:]:
+        out.append(f"| {_cell(field)} | " + " | ".join(_cell(f[field]) for f in facts) + " |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
 # The Python API: one mkdocstrings entry per public name
 
 
@@ -304,5 +322,5 @@ def generate_python_api():
     return "\n".join(out)
 
 
-GENERATORS = {"cli": generate_cli, "config": generate_config,
+GENERATORS = {"cli": generate_cli, "config": generate_config, "engines": generate_engines,
               "experiments": generate_experiments, "python-api": generate_python_api}

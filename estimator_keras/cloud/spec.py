@@ -3,8 +3,9 @@
 Also the values every request builder shares: the accelerator syntax
 (:func:`parse_accelerator`, :data:`VERTEX_GPU_TYPES`), the default machine
 type, the module a job runs (:data:`PYTHON_MODULE`) and the prebuilt training
-images per engine (:func:`prebuilt_image`, :data:`PREBUILT_TF_VERSIONS`,
-:data:`KERAS_IMAGE_REQUIRES`). TF-free.
+image of an engine (:func:`prebuilt_image`). What an engine needs of a job
+(its image, its Keras backends, the tasks it runs) is its registry entry's
+(:mod:`estimator_keras.engines.registry`). TF-free.
 
 Prebuilt training images, from Google's list of supported frameworks for
 custom training (read 2026):
@@ -17,8 +18,9 @@ https://docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/
 * ``tf-cpu.2-17.py310`` / ``tf-gpu.2-17.py310``: TensorFlow 2.17, the newest
   TensorFlow training image listed; end of patch and support Jul 11, 2025, end of
   availability Jul 11, 2026. Its PyPI packages are ``tensorflow 2.17.x`` and
-  ``cloudml-hypertune``, without ``tf-keras``, so the sdist a keras-engine job
-  installs requires ``tf-keras~=2.17.0`` (:data:`KERAS_IMAGE_REQUIRES`).
+  ``cloudml-hypertune``, without ``tf-keras``, so the sdist of a job for an
+  engine that needs Keras 2 as ``tf.keras`` requires ``tf-keras~=2.17.0``
+  (its entry's ``image_requires``).
 
 Each image is published in us-, europe- and asia-docker.pkg.dev.
 """
@@ -28,6 +30,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from estimator_keras import io
+from estimator_keras.engines import registry
 from estimator_keras.errors import ConfigError
 
 DEFAULT_MACHINE_TYPE = "n1-standard-8"
@@ -57,26 +60,6 @@ VERTEX_GPU_TYPES = (
     "NVIDIA_RTX_PRO_6000",
 )
 _TPU_TYPES = ("TPU_V2", "TPU_V3", "TPU_V4_POD", "TPU_V5_LITEPOD")
-
-ENGINES = ("auto", "estimator", "keras", "keras3")
-
-KERAS_BACKENDS = ("jax", "tensorflow")
-"""``--keras-backend`` of a keras3 job (KERAS_BACKEND in its containers); the
-first is the default."""
-
-KERAS_MULTI_WORKER_ISSUE = "keras-team/keras#20585"
-"""Keras 3's Model.fit does not train under TensorFlow's
-MultiWorkerMirroredStrategy: several keras3 processes need the JAX backend."""
-
-PREBUILT_TF_VERSIONS = {"estimator": "2-15", "keras": "2-17"}
-"""TensorFlow version of the prebuilt executor image per engine: ``tf.estimator``
-ends with TensorFlow 2.15; the keras engine takes the newest image Google lists.
-``auto`` gets the estimator's image, where ``auto`` picks the estimator."""
-
-KERAS_IMAGE_REQUIRES = ("tf-keras~=2.17.0",)
-"""What the keras engine needs beyond the TensorFlow 2.17 image: Keras 2 as
-``tf.keras`` (the image's own Keras is Keras 3). tf-keras 2.17 requires the
-``tensorflow`` 2.17 that the image has."""
 
 _IMAGE_TEMPLATE = "{host}/vertex-ai/training/tf-{kind}.{version}.py310:latest"
 
@@ -190,7 +173,8 @@ class JobSpec:
     data_dir: Optional[str] = None
     """Where train reads records from; defaults to <job_dir>/data."""
     engine: str = "auto"
-    """``--engine`` of train; picks the prebuilt image (see :func:`prebuilt_image`)."""
+    """``--engine`` of train; picks the prebuilt image (see :func:`prebuilt_image`):
+    ``auto`` runs on the image of the engine ``auto`` picks first."""
     container_image: Optional[str] = None
     """An image with this package installed (the repository's Dockerfile): Vertex
     runs it with containerSpec and no sdist is built or uploaded."""
@@ -211,8 +195,8 @@ class JobSpec:
     that submit() uploads to :attr:`config_uri`. A TFJob passes it as given
     (the image holds it)."""
     keras_backend: Optional[str] = None
-    """KERAS_BACKEND of a keras3 job's containers, one of :data:`KERAS_BACKENDS`
-    (None: the first, jax); only for ``engine="keras3"``."""
+    """KERAS_BACKEND of the job's containers, for an engine that trains on
+    Keras 3's backends: one of its entry's ``backends`` (None: the first)."""
 
     def validate(self, for_vertex: bool = False) -> None:
         """Raise ConfigError naming the first invalid field.
@@ -274,9 +258,9 @@ class JobSpec:
                                                        "--module": "modules"}[flag]))
         if self.package_uri is not None:
             _check_gs_uri(self.package_uri, "package_uri")
-        if self.engine not in ENGINES:
+        if self.engine not in registry.choices():
             raise ConfigError("--engine must be one of %s; got %r."
-                              % (", ".join(ENGINES), self.engine))
+                              % (", ".join(registry.choices()), self.engine))
         if any(a.split("=", 1)[0] == "--engine" for a in self.train_args):
             raise ConfigError("train_args must not contain --engine: set JobSpec.engine, "
                               "which also picks the prebuilt image.")
@@ -292,24 +276,22 @@ class JobSpec:
                 "--image (the executor image that installs the uploaded package) and "
                 "--container-image (an image with the package already installed) "
                 "exclude each other: give one.")
-        check_keras3_job(self.engine, self.keras_backend, self.workers, self.ps,
+        check_job_engine(self.engine, self.keras_backend, self.workers, self.ps,
                          self.evaluator)
         if for_vertex:
             self.check_vertex_image()
         self._validate_user_code(for_vertex)
 
     def check_vertex_image(self) -> None:
-        """ConfigError for a keras3 job without ``container_image``: no
-        prebuilt training image has Keras 3 and JAX."""
-        if self.engine == "keras3" and not self.container_image:
+        """ConfigError for a job without ``container_image`` whose engine no
+        prebuilt training image serves."""
+        entry = job_entry(self.engine)
+        if entry.prebuilt_image is None and not self.container_image:
             raise ConfigError(
-                "--engine keras3 on Vertex AI needs --container-image URI: an image with "
-                "this package, Keras 3 and JAX installed, which no Google prebuilt "
-                "training image has (so neither --image nor the default executor image "
-                "will do). Build one from the repository's Dockerfile with "
-                "`docker build --build-arg STACK=keras3 --build-arg PYTHON_VERSION=3.12 "
-                "-t IMAGE .` (DEVICE=gpu for JAX on GPUs), push it and pass "
-                "--container-image IMAGE.")
+                "--engine %s on Vertex AI needs --container-image URI: %s, which no Google "
+                "prebuilt training image has (so neither --image nor the default executor "
+                "image will do)." % (self.engine, entry.image_hint or "an image with this "
+                                     "package and what the engine needs installed"))
 
     def _validate_user_code(self, for_vertex: bool) -> None:
         for name in ("modules", "package_dirs", "extra_package_uris"):
@@ -352,10 +334,11 @@ class JobSpec:
     @property
     def container_env(self) -> Dict[str, str]:
         """Environment variables every container of the job gets: KERAS_BACKEND
-        for a keras3 job, nothing otherwise."""
-        if self.engine != "keras3":
+        for an engine that trains on Keras 3's backends, nothing otherwise."""
+        backends = job_entry(self.engine).backends
+        if not backends:
             return {}
-        return {"KERAS_BACKEND": self.keras_backend or KERAS_BACKENDS[0]}
+        return {"KERAS_BACKEND": self.keras_backend or backends[0]}
 
     @property
     def model_dir(self) -> str:
@@ -364,14 +347,15 @@ class JobSpec:
 
     @property
     def image_engine(self) -> str:
-        """The engine whose prebuilt image the job runs on (``auto`` -> estimator)."""
-        return "keras" if self.engine == "keras" else "estimator"
+        """The engine whose prebuilt image the job runs on (``auto``: the one
+        ``auto`` picks first)."""
+        return job_entry(self.engine).name
 
     @property
     def package_requires(self) -> List[str]:
         """Requirements the uploaded sdist adds for the prebuilt image it runs on."""
-        if self.image_engine == "keras" and not self.image and not self.container_image:
-            return list(KERAS_IMAGE_REQUIRES)
+        if not self.image and not self.container_image:
+            return list(job_entry(self.engine).image_requires)
         return []
 
     @property
@@ -403,7 +387,7 @@ class JobSpec:
         if with_model_dir:
             args += ["--model-dir", self.model_dir]
         args += ["--data-dir", self.resolved_data_dir]
-        if self.engine != "auto":
+        if self.engine != registry.AUTO:
             args += ["--engine", self.engine]
         config = self.config_uri if upload_config else self.config
         if config:
@@ -411,47 +395,74 @@ class JobSpec:
         return args + list(self.train_args)
 
 
-def check_keras3_job(engine: str, keras_backend: Optional[str], workers: int = 0,
+def job_entry(engine: str) -> registry.Entry:
+    """The registry entry a job of ``--engine engine`` runs: ``auto`` is the
+    engine it picks first where that engine's image has it (the first
+    registered), an unknown name a ConfigError."""
+    if engine == registry.AUTO:
+        return registry.entries()[0]
+    return registry.get(engine)
+
+
+def keras_backends() -> Tuple[str, ...]:
+    """Every ``--keras-backend`` some engine trains on, defaults first."""
+    found: List[str] = []
+    for entry in registry.entries():
+        found += [b for b in entry.backends if b not in found]
+    return tuple(found)
+
+
+def check_job_engine(engine: str, keras_backend: Optional[str], workers: int = 0,
                      ps: int = 0, evaluator: bool = False) -> None:
-    """ConfigError for what a keras3 job cannot run, and for ``--keras-backend``
-    on another engine. Several keras3 processes train together with JAX's
-    distributed runtime: every one is a worker (process 0 coordinates), so there
-    are no parameter servers nor an evaluator task, and the backend is JAX."""
-    if engine != "keras3":
+    """ConfigError for what the engine cannot run of a job: ``--keras-backend``
+    on an engine without Keras 3 backends or outside its backends, parameter
+    servers or an evaluator it has no tasks for, several processes on a
+    backend that trains one."""
+    entry = job_entry(engine)
+    if not entry.backends:
         if keras_backend is not None:
+            with_backends = [e.name for e in registry.entries() if e.backends]
             raise ConfigError(
-                "--keras-backend applies to --engine keras3 only (it sets KERAS_BACKEND in "
-                "the job's containers); the %s engine trains with TensorFlow's own Keras. "
-                "Drop --keras-backend, or add --engine keras3." % engine)
+                "--keras-backend applies to %s only (it sets KERAS_BACKEND in the job's "
+                "containers); the %s engine trains with TensorFlow's own Keras. Drop "
+                "--keras-backend, or add --engine %s."
+                % (" or ".join("--engine " + n for n in with_backends), entry.name,
+                   with_backends[0] if with_backends else "NAME"))
         return
-    if keras_backend is not None and keras_backend not in KERAS_BACKENDS:
+    if keras_backend is not None and keras_backend not in entry.backends:
         raise ConfigError("--keras-backend must be one of %s; got %r."
-                          % (", ".join(KERAS_BACKENDS), keras_backend))
-    if ps or evaluator:
-        flag, instead, what = (
-            ("--ps %d" % ps, "add training processes with --workers N",
-             "parameter-server training") if ps else
-            ("--evaluator", "the job evaluates as it trains, every --eval-every steps",
-             "a separate evaluator"))
+                          % (", ".join(entry.backends), keras_backend))
+    missing = [(flag, task) for flag, task in (("--ps %d" % ps, "ps"),
+                                               ("--evaluator", "evaluator"))
+               if (ps if task == "ps" else evaluator) and task not in entry.cluster.tasks]
+    if missing:
+        flag, task = missing[0]
+        instead, what = (("add training processes with --workers N", "parameter-server training")
+                         if task == "ps" else
+                         ("the job evaluates as it trains, every --eval-every steps",
+                          "a separate evaluator"))
+        others = [e.name for e in registry.entries() if task in e.cluster.tasks]
         raise ConfigError(
-            "%s cannot go with --engine keras3: its processes train together with JAX's "
-            "distributed runtime, every one a worker that trains and evaluates (a "
-            "JAXJob's Worker replicas, or Vertex AI's pools 0 and 1), so there are no "
-            "parameter servers and no evaluator task. Drop %s (%s), or use --engine "
-            "estimator (on Vertex AI or --target tfjob) for %s."
-            % (flag, flag.split()[0], instead, what))
-    if workers and keras_backend == "tensorflow":
+            "%s cannot go with --engine %s: it %s, every process a worker that trains and "
+            "evaluates, so there are no parameter servers and no evaluator task. Drop %s "
+            "(%s)%s."
+            % (flag, entry.name, entry.cluster.how, flag.split()[0], instead,
+               ", or use --engine %s (on Vertex AI or --target tfjob) for %s"
+               % (others[0], what) if others else ""))
+    backend = keras_backend or entry.backends[0]
+    if workers and backend not in entry.multi_process_backends:
         raise ConfigError(
-            "--keras-backend tensorflow cannot train with --workers %d: Keras 3's Model.fit "
-            "does not run under TensorFlow's MultiWorkerMirroredStrategy (%s). Use "
-            "--keras-backend jax (the default), whose processes train together with JAX's "
-            "distributed runtime, or drop --workers to train on one machine."
-            % (workers, KERAS_MULTI_WORKER_ISSUE))
+            "--keras-backend %s cannot train with --workers %d: %s. Use --keras-backend %s "
+            "(the default), whose processes train together, or drop --workers to train on "
+            "one machine." % (backend, workers, entry.no_tf_multi_worker or
+                              "the %s engine trains one process on it" % entry.name,
+                              " or ".join(entry.multi_process_backends) or "another"))
 
 
-def prebuilt_image(gpu: bool, region: Optional[str] = None, engine: str = "estimator") -> str:
-    """URI of the prebuilt training image for ``engine`` (TensorFlow 2.15 for the
-    estimator, 2.17 for the keras engine).
+def prebuilt_image(gpu: bool, region: Optional[str] = None, engine: str = registry.AUTO) -> str:
+    """URI of the prebuilt training image for ``engine`` (its registry entry's
+    ``prebuilt_image``: TensorFlow 2.15 for the estimator, 2.17 for the keras
+    engine).
 
     Each image is published in us-, europe- and asia-docker.pkg.dev; any of them
     works anywhere, the nearest one starts faster.
@@ -466,5 +477,8 @@ def prebuilt_image(gpu: bool, region: Optional[str] = None, engine: str = "estim
         host = "europe-docker.pkg.dev"
     elif region and region.startswith("asia-"):
         host = "asia-docker.pkg.dev"
-    version = PREBUILT_TF_VERSIONS["keras" if engine == "keras" else "estimator"]
+    version = job_entry(engine).prebuilt_image
+    if version is None:
+        raise ConfigError("no prebuilt training image runs --engine %s: pass --container-image "
+                          "(%s)." % (engine, job_entry(engine).image_hint))
     return _IMAGE_TEMPLATE.format(host=host, kind="gpu" if gpu else "cpu", version=version)

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
-from estimator_keras.cloud.spec import (KERAS_MULTI_WORKER_ISSUE, PYTHON_MODULE, JobSpec,
-                                        parse_accelerator)
+from estimator_keras.cloud.spec import PYTHON_MODULE, JobSpec, job_entry, parse_accelerator
+from estimator_keras.engines import registry
 from estimator_keras.errors import ConfigError
 
 
@@ -90,20 +90,34 @@ def gpu_limits(gpus: int) -> Dict[str, Any]:
     return {"resources": {"limits": {"nvidia.com/gpu": gpus}}} if gpus else {}
 
 
+# What each Kubeflow job kind trains under, for refusals.
+KUBEFLOW_KINDS = ("tfjob", "jaxjob")
+_KIND_RUNS = {"tfjob": "a TFJob's replicas train under TensorFlow's MultiWorkerMirroredStrategy",
+              "jaxjob": "a JAXJob's processes train together with JAX's distributed runtime"}
+
+
 def check_engine(target: str, engine: str) -> None:
     """ConfigError for an engine the Kubeflow job ``target`` (tfjob, jaxjob) cannot
-    run: keras3 only runs as a JAXJob, and a JAXJob runs nothing else."""
-    if target == "tfjob" and engine == "keras3":
-        raise ConfigError(
-            "--target tfjob cannot run --engine keras3: a TFJob's replicas train under "
-            "TensorFlow's MultiWorkerMirroredStrategy, where Keras 3's Model.fit does not "
-            "run (%s). Use --target jaxjob: a Kubeflow JAXJob whose processes train "
-            "together with JAX's distributed runtime." % KERAS_MULTI_WORKER_ISSUE)
-    if target == "jaxjob" and engine != "keras3":
-        raise ConfigError(
-            "--target jaxjob runs --engine keras3 only: its processes train with Keras 3 "
-            "on JAX's distributed runtime; got --engine %s. Add --engine keras3, or use "
-            "--target tfjob for the estimator and keras engines." % engine)
+    run: the engine's registry entry lists the job kinds that run it."""
+    entry = job_entry(engine)
+    if target in entry.job_kinds:
+        return
+    runs = registry.with_job_kind(target)
+    kinds = [k for k in entry.job_kinds if k in KUBEFLOW_KINDS]
+    if kinds and not entry.no_tf_multi_worker:
+        instead = "use --target %s for the %s engine%s" % (
+            kinds[0], " and ".join(registry.with_job_kind(kinds[0])),
+            "s" if len(registry.with_job_kind(kinds[0])) > 1 else "")
+    elif kinds:
+        instead = "use --target %s, which runs it" % kinds[0]
+    else:
+        instead = "submit it to Vertex AI"
+    why = ("; %s" % entry.no_tf_multi_worker) if target == "tfjob" and \
+        entry.no_tf_multi_worker else ""
+    raise ConfigError(
+        "--target %s runs %s only (%s%s); got --engine %s. Add %s, or %s."
+        % (target, " or ".join("--engine " + n for n in runs), _KIND_RUNS[target], why,
+           engine, " or ".join("--engine " + n for n in runs), instead))
 
 
 def build_tfjob_manifest(spec: JobSpec, image: Optional[str] = None,

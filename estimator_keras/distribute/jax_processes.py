@@ -36,7 +36,7 @@ import json
 import os
 import random
 
-from estimator_keras.distribute import tf_config
+from estimator_keras.distribute import groups, tf_config
 from estimator_keras.errors import ClusterConfigError
 
 JAXJOB_VARIABLES = ("COORDINATOR_ADDRESS", "COORDINATOR_PORT", "NUM_PROCESSES", "PROCESS_ID")
@@ -227,7 +227,7 @@ def from_environ(environ=None, info=None):
     return group if group is not None and group.num_processes > 1 else None
 
 
-class DataParallelProcesses:
+class DataParallelProcesses(groups.TrainingGroup):
     """Keras 3 data parallelism over every device of a JAX process group.
 
     Building it joins the group (``jax.distributed.initialize``; it must come
@@ -245,7 +245,10 @@ class DataParallelProcesses:
       chief_work_stalls_others: True: the runner writes ``MODEL_DIR/best``
         once, when training ends (see
         :class:`~estimator_keras.export.BestCandidate`).
+      process_0_decides: True: process 0 alone reads the model dir.
     """
+
+    process_0_decides = True
 
     def __init__(self, group, timeout=JOIN_TIMEOUT_SECS):
         # pylint: disable=import-outside-toplevel  (JAX and Keras only where a group trains)
@@ -306,7 +309,7 @@ class DataParallelProcesses:
         return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(values))
 
     @staticmethod
-    def sum_over_processes(values):
+    def sums(values):
         """The sums of ``values`` (a list of numpy arrays, the same shapes in
         every process) over all processes; every process must call it at
         the same point."""
@@ -317,8 +320,16 @@ class DataParallelProcesses:
         return [np.asarray(g).sum(axis=0).astype(np.asarray(v).dtype)
                 for g, v in zip(gathered, values)]
 
+    @property
+    def multi_process(self):
+        return True
+
     def scope(self):
         """Where models are built and trained over all processes."""
+        return self.distribution.scope()
+
+    def fit_scope(self):
+        """Keras reads the distribution as it trains."""
         return self.distribution.scope()
 
     @staticmethod
@@ -335,7 +346,7 @@ class DataParallelProcesses:
             keras.distribution.set_distribution(previous)
 
     @staticmethod
-    def mean_over_processes(values):
+    def mean(values):
         """The mean of ``values`` (a list of floats) over all processes;
         every process must call it at the same point."""
         # pylint: disable=import-outside-toplevel

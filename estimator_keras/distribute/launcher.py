@@ -36,7 +36,7 @@ from estimator_keras.distribute.outcomes import (  # noqa: F401 (re-exported)
     ClusterError, ClusterInterrupted, ClusterPreempted, ClusterResult, ClusterTaskError,
     ClusterTimeoutError, describe_returncode)
 from estimator_keras.distribute.tf_config import TRAINING_TYPES, build_tf_config, short_json
-from estimator_keras.engines.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import Preempted, UsageError
 
 logger = logging.getLogger(__name__)

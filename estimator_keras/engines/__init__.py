@@ -2,7 +2,7 @@
 
 - ``estimator``: ``tf.keras.estimator.model_to_estimator`` and
   ``tf.estimator.train_and_evaluate`` (TensorFlow <= 2.15 with
-  ``tensorflow-estimator``): :mod:`estimator_keras.engines.estimator`.
+  ``tensorflow-estimator``): the package :mod:`estimator_keras.engines.estimator`.
 - ``keras``: ``Model.fit`` of Keras 2 under ``tf.distribute`` strategies (any
   TensorFlow 2.15+; on 2.16+ with Keras 2 from the ``tf-keras`` package):
   :mod:`estimator_keras.engines.keras`.
@@ -10,7 +10,10 @@
   ``KERAS_BACKEND`` names (tensorflow or jax):
   :mod:`estimator_keras.engines.keras3`.
 
-Each implements :class:`estimator_keras.engines.base.Engine` and reads the same
+Each is one package holding all that is its own, and one
+:class:`~estimator_keras.engines.registry.Entry` (in the package's
+``__init__``) that says what the rest of the program asks about it. Each
+implements :class:`estimator_keras.engines.base.Engine` and reads the same
 TFRecords through the same input pipeline. This module decides which engine
 runs and imports TensorFlow only inside the functions that must probe it;
 :func:`prepare_keras` makes ``tf.keras`` the Keras the engine needs and must
@@ -24,7 +27,6 @@ Example::
     engine = engines.get_engine(name)
 """
 
-import collections
 import importlib
 import importlib.util
 import os
@@ -32,107 +34,21 @@ import os
 from estimator_keras.engines.keras_setup import (  # noqa: F401  (this module's API)
     BACKEND_VARIABLE, LEGACY_KERAS_VARIABLE, backend_devices, check_backend, check_model_keras,
     keras_backend, prefer_legacy_keras)
-from estimator_keras.engines import keras3_checkpoints, keras_setup
+from estimator_keras.engines import keras_setup, registry
 from estimator_keras.errors import ConfigError
 
-
-def _estimator_status(tf_version):
-    estimator = keras_setup.installed_version("tensorflow-estimator")
-    if keras_setup.version_tuple(tf_version) >= (2, 16):
-        return False, (f"not available: tf.estimator ended with TensorFlow 2.15 (this is "
-                       f"{tf_version})")
-    if not estimator:
-        return False, "not available: tensorflow-estimator is not installed"
-    return True, f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})"
-
-
-def _keras_status(tf_version):
-    if keras_setup.version_tuple(tf_version) < (2, 16):
-        return True, f"available (TensorFlow {tf_version}, its own Keras 2)"
-    tf_keras = keras_setup.installed_version("tf-keras")
-    if tf_keras:
-        return True, f"available (TensorFlow {tf_version}, tf-keras {tf_keras})"
-    return False, (f"not available: TensorFlow {tf_version} needs tf-keras for Keras 2 "
-                   f"(pip install --no-deps "
-                   f"'tf-keras~={'.'.join(tf_version.split('.')[:2])}.0')")
-
-
-def _keras3_status(tf_version):
-    missing = keras_setup.no_keras3_message(tf_version)
-    if missing:
-        return False, f"not available: {missing}"
-    backends = ", ".join(f"{name} {version}" for name, version in keras_setup.usable_backends())
-    backend, _ = keras_setup.keras_backend()
-    usable = backend in keras_setup.TRAINING_BACKENDS and keras_setup.backend_installed(backend)
-    return True, (f"available (Keras {keras_setup.keras3_installed_version()}; backends: "
-                  f"{backends}; {BACKEND_VARIABLE}: {backend}"
-                  f"{'' if usable else ', which it cannot train on here'})")
-
-
-Registration = collections.namedtuple("Registration", "module cls status keras cluster processes",
-                                      defaults=(None,))
-# What an engine runs of a cluster, known without importing it: launchers
-# check a cluster before any task starts, and a task before its strategy
-# exists. ``how`` says what it does instead (for refusals); ``where`` where it
-# runs (for messages that suggest it); ``check`` (or None) refuses what only
-# the environment decides, ``fn(workers, strategy, environ)``.
-Cluster = collections.namedtuple("Cluster", "tasks strategies how where check",
-                                 defaults=("", "", None))
-
-
-def _keras3_cluster_check(workers, strategy, environ):
-    """Several training processes need the JAX backend on the keras3 engine."""
-    backend, origin = keras_setup.keras_backend(environ)
-    asked = workers or (f"--strategy {strategy}" if strategy == "multi_worker_mirrored" else None)
-    if asked and backend != "jax":
-        raise ConfigError(
-            f"the keras3 engine trains several processes together only on the JAX backend "
-            f"(jax.distributed, with keras.distribution.DataParallel), and this is the {backend} "
-            f"backend ({origin}): Keras 3's Model.fit does not run under TensorFlow's "
-            f"MultiWorkerMirroredStrategy (keras-team/keras#20585). For {asked}, set "
-            f"{BACKEND_VARIABLE}=jax (pip install -e '.[jax]'), or train with --engine keras; "
-            f"one process can use --strategy mirrored over its own devices.")
-
-
-def _keras3_processes(environ, info):
-    """The keras3 engine's process group on the JAX backend (None elsewhere:
-    the TensorFlow backend trains in one process)."""
-    if keras_setup.keras_backend(environ)[0] != "jax":
-        return None
-    from estimator_keras.distribute import jax_processes  # pylint: disable=import-outside-toplevel
-    return jax_processes.from_environ(environ, info)
-
-
-# name -> where its Engine lives, what says whether this environment can run
-# it (a function of TensorFlow's installed version that reads metadata, never
-# imports), the Keras major version it needs as tf.keras, its cluster roles,
-# and (or None) ``fn(environ, cluster_info)`` that finds the processes it
-# trains with outside TensorFlow's runtime: a new engine is one module and
-# one entry here.
-REGISTRY = {
-    "estimator": Registration(
-        "estimator_keras.engines.estimator", "EstimatorEngine", _estimator_status, 2,
-        Cluster(("chief", "worker", "ps", "evaluator"),
-                ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
-                where=" (TensorFlow 2.15)")),
-    "keras": Registration(
-        "estimator_keras.engines.keras", "KerasEngine", _keras_status, 2,
-        Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
-                "trains with Model.fit under MultiWorkerMirroredStrategy and evaluates on "
-                "the chief")),
-    "keras3": Registration(
-        "estimator_keras.engines.keras3", "Keras3Engine", _keras3_status, 3,
-        Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
-                "trains with Keras 3's Model.fit, several processes together on the JAX "
-                "backend, and evaluates as it trains", check=_keras3_cluster_check),
-        processes=_keras3_processes),
-}
-ENGINES = tuple(REGISTRY)
-CHOICES = ("auto",) + ENGINES
+AUTO = registry.AUTO
 AUTO_RULE = "estimator where available, else keras where tf-keras is, else keras3"
 
-# The keras3 engine's checkpoint index in a model dir.
-KERAS3_INDEX = keras3_checkpoints.INDEX
+
+def names():
+    """Every registered engine's name."""
+    return registry.names()
+
+
+def choices():
+    """``--engine``'s choices: "auto" and every engine."""
+    return registry.choices()
 
 
 def statuses():
@@ -140,20 +56,13 @@ def statuses():
     engine, from package metadata alone: quick, and TensorFlow is not imported."""
     tf_version = keras_setup.tensorflow_installed_version()
     if tf_version is None:
-        return [(e, False, "not available: TensorFlow is not installed") for e in ENGINES]
-    return [(name, *entry.status(tf_version)) for name, entry in REGISTRY.items()]
+        return [(e, False, "not available: TensorFlow is not installed") for e in names()]
+    return [(entry.name, *entry.status(tf_version)) for entry in registry.entries()]
 
 
 def describe():
     """(engine, what this environment offers for it), as ``list`` shows it."""
     return [(name, text) for name, _, text in statuses()]
-
-
-def _keras3_model_dir(model_dir):
-    """True when the keras3 engine has checkpointed in a local ``model_dir``
-    (gs:// dirs would need TensorFlow to look: they count as not)."""
-    return bool(model_dir) and "://" not in str(model_dir) and keras3_checkpoints.present(
-        model_dir)
 
 
 def auto_from_metadata(environ=os.environ, model_dir=None):
@@ -163,8 +72,10 @@ def auto_from_metadata(environ=os.environ, model_dir=None):
     tf.estimator), else keras3 where Keras 3 is installed. A model dir the
     keras3 engine wrote stays on keras3 where it can run."""
     available = {name: ok for name, ok, _ in statuses()}
-    if available["keras3"] and _keras3_model_dir(model_dir):
-        return "keras3"
+    from estimator_keras.engines import model_dirs  # pylint: disable=import-outside-toplevel
+    marked = model_dirs.marked_by(model_dir)
+    if marked is not None and available.get(marked):
+        return marked
     if available["estimator"]:
         return "estimator"
     tf_version = keras_setup.tensorflow_installed_version()
@@ -189,13 +100,13 @@ def prepare_keras(engine_name="auto", environ=os.environ, model_dir=None):
       ConfigError: an unknown engine; keras3 without Keras 3, with an unknown
         or missing backend, or after TensorFlow handed out Keras 2.
     """
-    name = engine_name or "auto"
-    if name not in CHOICES:
-        raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(CHOICES)}.")
-    if name == "auto":
+    name = engine_name or AUTO
+    if name not in choices():
+        raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(choices())}.")
+    if name == AUTO:
         name = auto_from_metadata(environ, model_dir)
-    if name == "keras3":
-        check_keras3_installed()
+    if registry.get(name).keras == 3:
+        check_keras3_installed(name)
         keras_setup.check_backend(environ)
         keras_setup.use_keras3(environ)
     else:
@@ -203,11 +114,11 @@ def prepare_keras(engine_name="auto", environ=os.environ, model_dir=None):
     return name
 
 
-def check_keras3_installed():
-    """Raises ConfigError when the keras3 engine cannot run here (from metadata)."""
-    missing = keras_setup.no_keras3_message()
+def check_keras3_installed(engine="keras3"):
+    """Raises ConfigError when a Keras 3 engine cannot run here (from metadata)."""
+    missing = keras_setup.no_keras3_message(engine=engine)
     if missing:
-        raise ConfigError(f"--engine keras3 trains with Keras 3, which this environment "
+        raise ConfigError(f"--engine {engine} trains with Keras 3, which this environment "
                           f"cannot run: {missing}. The estimator and keras engines need no "
                           f"Keras 3 (`python -m experiments list` shows what runs here).")
 
@@ -274,9 +185,9 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None,
     Raises:
       ConfigError: naming what was asked and the engine that can run it.
     """
-    if engine not in REGISTRY:
+    if registry.find(engine) is None:
         return
-    spec = REGISTRY[engine].cluster
+    spec = registry.get(engine).cluster
     asked = [a for a, task in ((workers, "worker"), (ps, "ps"), (evaluator, "evaluator"))
              if a and task not in spec.tasks]
     if asked:
@@ -285,21 +196,22 @@ def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None,
                                            ("ps", "parameter servers"),
                                            ("evaluator", "evaluator task"))
                    if task not in spec.tasks]
-        others = [name for name, entry in REGISTRY.items() if name != engine and all(
+        others = [entry.name for entry in registry.entries() if entry.name != engine and all(
             task in entry.cluster.tasks
             for task, a in (("worker", workers), ("ps", ps), ("evaluator", evaluator)) if a)]
         raise ConfigError(
             f"the {engine} engine {spec.how}: it runs no "
             f"{' and no '.join([', no '.join(runs_no[:-1]), runs_no[-1]] if len(runs_no) > 1 else runs_no)}"
             f", so {asked} cannot be used with it. Drop {asked}"
-            + (f", or use --engine {others[0]}{REGISTRY[others[0]].cluster.where}."
+            + (f", or use --engine {others[0]}{registry.get(others[0]).cluster.where}."
                if others else "."))
     if strategy and strategy != "auto" and strategy not in spec.strategies:
-        runs_it = [name for name, entry in REGISTRY.items() if strategy in entry.cluster.strategies]
+        runs_it = [entry.name for entry in registry.entries()
+                   if strategy in entry.cluster.strategies]
         raise ConfigError(
             f"the {engine} engine {spec.how}: it cannot train with --strategy {strategy}; "
             f"use one of {', '.join(('auto',) + spec.strategies)}"
-            + (f", or --engine {runs_it[0]}{REGISTRY[runs_it[0]].cluster.where}, which trains "
+            + (f", or --engine {runs_it[0]}{registry.get(runs_it[0]).cluster.where}, which trains "
                f"with it." if runs_it else "."))
     if spec.check is not None:
         spec.check(workers, strategy, environ)
@@ -317,20 +229,21 @@ def cluster_info(engine, environ=os.environ):
     """
     from estimator_keras.distribute import tf_config  # pylint: disable=import-outside-toplevel
     info = tf_config.parse_tf_config(env=environ)
-    find = REGISTRY[engine].processes if engine in REGISTRY else None
+    entry = registry.find(engine)
+    find = entry.processes if entry is not None else None
     group = find(environ, info) if find is not None else None
     return (group.cluster_info() if group is not None else info), group
 
 
-def check_keras3():
-    """Raises ConfigError unless the keras3 engine can run in this process:
+def check_keras3(engine="keras3"):
+    """Raises ConfigError unless a Keras 3 engine can run in this process:
     Keras 3 installed and as tf.keras, on a backend it can train on."""
-    check_keras3_installed()
+    check_keras3_installed(engine)
     keras_setup.check_backend(os.environ)
     keras_setup.use_keras3(os.environ)
     if keras_major_version() != 3:
         raise ConfigError(
-            f"the keras3 engine needs Keras 3 as tf.keras, but tf.keras does not import "
+            f"the {engine} engine needs Keras 3 as tf.keras, but tf.keras does not import "
             f"(TensorFlow {tensorflow_version()}).")
 
 
@@ -346,11 +259,11 @@ def auto_for_model_dir(model_dir):
         return "auto"
     runnable = {name for name, ok, _ in statuses() if ok}
     major = keras_major_version()
-    from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
-    writer = checkpoints.engine_of(model_dir)
-    if writer in runnable and REGISTRY[writer].keras == major:
+    from estimator_keras.engines import model_dirs  # pylint: disable=import-outside-toplevel
+    writer = model_dirs.engine_of(model_dir)
+    if writer in runnable and registry.get(writer).keras == major:
         return writer
-    return "auto"
+    return AUTO
 
 
 def resolve_engine(requested="auto", model_dir=None):
@@ -365,16 +278,16 @@ def resolve_engine(requested="auto", model_dir=None):
         does not exist, no Keras 2 for estimator or keras, no usable Keras 3
         for keras3.
     """
-    requested = requested or "auto"
-    if requested not in CHOICES:
-        raise ConfigError(f"unknown engine {requested!r}; expected one of {', '.join(CHOICES)}.")
-    if requested == "auto" and model_dir:
+    requested = requested or AUTO
+    if requested not in choices():
+        raise ConfigError(f"unknown engine {requested!r}; expected one of {', '.join(choices())}.")
+    if requested == AUTO and model_dir:
         requested = auto_for_model_dir(model_dir)
-    if requested == "keras3":
-        check_keras3()
+    if requested != AUTO and registry.get(requested).keras == 3:
+        check_keras3(requested)
         return requested
     available = estimator_available()
-    if requested == "auto":
+    if requested == AUTO:
         if available:
             return resolve_engine("estimator")
         if keras_major_version() == 3 and keras_setup.keras3_installed_version():
@@ -393,8 +306,14 @@ def resolve_engine(requested="auto", model_dir=None):
 
 def get_engine(name):
     """The :class:`~estimator_keras.engines.base.Engine` for a resolved name
-    (see :data:`REGISTRY`); imports that engine's module, and TensorFlow."""
-    if name not in REGISTRY:
-        raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}.")
-    entry = REGISTRY[name]
-    return getattr(importlib.import_module(entry.module), entry.cls)()
+    (its registry entry's ``engine``); imports that engine's module, and
+    TensorFlow."""
+    module, cls = registry.get(name).engine.split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def setup_warning(engine, backend, platform, model, processes=1):
+    """The engine's warning for a setup known to be much slower for
+    ``model`` (its registry entry's ``warning``), or None."""
+    entry = registry.get(engine)
+    return entry.warning(backend, platform, model, processes) if entry.warning else None

@@ -27,6 +27,7 @@ import time
 import typing
 
 from estimator_keras import io
+from estimator_keras.distribute import groups
 from estimator_keras.errors import ModelDirError, NumericalError, UsageError
 
 # Keras returns to Python (and to the callbacks) once per call of its compiled
@@ -133,11 +134,13 @@ class TrainingPlan:
     early_stopping: typing.Optional[EarlyStopping] = None
     """An :class:`EarlyStopping`, or None."""
     strategy: typing.Any = None
-    """A ``tf.distribute`` strategy, or None."""
+    """What training runs under: a ``tf.distribute`` strategy, a
+    :class:`~estimator_keras.distribute.groups.TrainingGroup` (processes
+    joined outside TensorFlow), or None; engines ask :attr:`group`."""
     hooks: TrainingHooks = dataclasses.field(default_factory=TrainingHooks)
     """Where progress lines and evaluations are reported."""
     preemption: typing.Any = None
-    """A :class:`~estimator_keras.engines.preemption.PreemptionWatch` that is
+    """A :class:`~estimator_keras.distribute.preemption.PreemptionWatch` that is
     watching (the caller enters it), or None: then signals act as usual."""
     chief: bool = True
     """Whether this task saves the checkpoints (the chief, or a lone process)."""
@@ -152,6 +155,13 @@ class TrainingPlan:
         object.__setattr__(self, "model_dir", str(self.model_dir))
         object.__setattr__(self, "max_steps", int(self.max_steps))
         object.__setattr__(self, "eval_every_steps", int(self.eval_every_steps))
+        object.__setattr__(self, "_group", groups.of(self.strategy))
+
+    @property
+    def group(self):
+        """What training runs under, as a
+        :class:`~estimator_keras.distribute.groups.TrainingGroup`."""
+        return self._group
 
 
 @dataclasses.dataclass
@@ -266,13 +276,13 @@ class TFCheckpointEngine(Engine):
         checkpointed (Keras 2 cannot read its files, and an older TF
         checkpoint beside them would lose its steps)."""
         import tensorflow as tf
-        from estimator_keras import checkpoints
-        checkpoints.check_not_keras3(model_dir, self.name)
+        from estimator_keras.engines import model_dirs
+        model_dirs.check_can_continue(model_dir, self.name)
         return tf.train.latest_checkpoint(str(model_dir))
 
     def written_by(self, checkpoint):
-        from estimator_keras import checkpoints
-        return checkpoints.checkpoint_engine(checkpoint)
+        from estimator_keras.engines import model_dirs
+        return model_dirs.checkpoint_engine(checkpoint)
 
     def checkpoint_step(self, checkpoint):
         from estimator_keras import checkpoints
@@ -291,13 +301,6 @@ class TFCheckpointEngine(Engine):
         from estimator_keras import export
         return export.export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
                                      higher_is_better, **options)
-
-
-def in_tf_cluster(strategy):
-    """Whether ``strategy`` is a tf.distribute strategy of a TF_CONFIG
-    cluster (its resolver names jobs), not of this process alone."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    return resolver is not None and bool(resolver.cluster_spec().jobs)
 
 
 def check_positive(name, value):

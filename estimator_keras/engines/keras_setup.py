@@ -40,6 +40,9 @@ INFERENCE_BACKENDS = ("numpy", "openvino")
 # them, and nothing here is tested on them.
 UNSUPPORTED_BACKENDS = ("torch",)
 
+# The modules of TensorFlow's stack that a missing install shows up as.
+TENSORFLOW_STACK = ("tensorflow", "tensorflow_estimator", "tf_keras")
+
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
                             "tensorflow-intel", "tensorflow-macos")
 
@@ -183,8 +186,9 @@ def backend_devices(engine_name):
     "tpu"). Imports the backend: call it once the engine's Keras is
     imported (and a JAX process group joined)."""
     # pylint: disable=import-outside-toplevel  (see the module docstring)
+    from estimator_keras.engines import registry
     backend = "tensorflow"
-    if engine_name == "keras3":
+    if registry.get(engine_name).keras == 3:
         import keras
         backend = keras.config.backend()
     if backend == "jax":
@@ -299,7 +303,7 @@ def check_model_keras(model, engine_name, source="the model builder"):
 
     Args:
       model: what the builder returned.
-      engine_name: "estimator", "keras" or "keras3".
+      engine_name: a registered engine (its entry says which Keras it trains).
       source: what built it, for the message ("experiment fashion_mnist_cnn's builder").
     """
     found = {}
@@ -307,7 +311,8 @@ def check_model_keras(model, engine_name, source="the model builder"):
         generation, cls = _keras_class(part)
         if generation is not None:
             found.setdefault(generation, _class_name(cls))
-    wanted = 3 if engine_name == "keras3" else 2
+    from estimator_keras.engines import registry  # pylint: disable=import-outside-toplevel
+    wanted = registry.get(engine_name).keras
     how = ("builders use tf.keras, which is Keras 3 for the keras3 engine and Keras 2 "
            "(tf-keras, TF_USE_LEGACY_KERAS=1) for the estimator and keras engines; import "
            "layers from tf.keras rather than from keras or tf_keras directly")

@@ -45,7 +45,8 @@ import time
 import tensorflow as tf
 
 from estimator_keras import checkpoints, engines, io, memory, model_inputs, summaries
-from estimator_keras.engines import base, optimizers, preemption
+from estimator_keras.distribute import groups, preemption
+from estimator_keras.engines import base, model_dirs, optimizers
 from estimator_keras.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class PreemptionCheckpoint(tf.keras.callbacks.Callback):
 
     Under MultiWorkerMirroredStrategy every worker stops after the same step,
     whichever of them was signalled (see
-    :class:`~estimator_keras.engines.preemption.StopAgreement`).
+    :class:`~estimator_keras.distribute.preemption.StopAgreement`).
     """
 
     def __init__(self, watch, manager, is_chief, strategy, steps):
@@ -298,7 +299,7 @@ def _fit(plan, build_compiled_model):
     # building syncs the workers, so no task can have written a checkpoint
     # yet and every task sees the same answer.
     latest = tf.train.latest_checkpoint(plan.model_dir)
-    checkpoints.check_not_keras3(plan.model_dir, "keras")
+    model_dirs.check_can_continue(plan.model_dir, "keras")
     backup = io.join(plan.model_dir, BACKUP_DIR)
     backed_up = _backup_checkpoint(backup)
     # A preempted run saved a later step than its last backup.
@@ -394,7 +395,7 @@ def _fit(plan, build_compiled_model):
         hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
     metrics = dict(metrics, global_step=step)
     saved = saver.saved or manager.latest_checkpoint
-    if is_chief and not base.in_tf_cluster(strategy) and not _backup_checkpoint(backup):
+    if is_chief and not groups.of(strategy).multi_process and not _backup_checkpoint(backup):
         # Empty once training completed. Under MultiWorkerMirroredStrategy the
         # workers may still be writing their scratch backups inside it:
         # BackupAndRestore removes the chief's, the folder stays.
@@ -432,7 +433,7 @@ def fit_and_evaluate(build_compiled_model, train_dataset_fn, eval_dataset_fn, *,
         each evaluation (e.g. a best-model export).
       log: ``fn(str)`` for progress lines (default: logging.info).
       preemption: an entered
-        :class:`~estimator_keras.engines.preemption.PreemptionWatch`: SIGTERM
+        :class:`~estimator_keras.distribute.preemption.PreemptionWatch`: SIGTERM
         or SIGINT then saves the current step and raises Preempted.
 
     Raises:
@@ -483,7 +484,7 @@ class KerasEngine(base.TFCheckpointEngine):
         # Across workers one step a call: inside the multi-step loop,
         # TensorFlow's collective gather of sparse gradients (an embedding's)
         # fails on a shape mismatch between the workers.
-        steps = 1 if base.in_tf_cluster(plan.strategy) else base.MAX_STEPS_PER_EXECUTION
+        steps = 1 if plan.group.multi_process else base.MAX_STEPS_PER_EXECUTION
         return _fit(plan, lambda: compile_for_keras(plan, steps))
 
     def evaluate(self, plan, checkpoint):

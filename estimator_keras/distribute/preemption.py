@@ -16,7 +16,7 @@ In a synchronous cluster (MultiWorkerMirroredStrategy) every worker must
 stop after the same step, or the others wait forever in their next
 all-reduce: :class:`StopAgreement` has the workers agree on it, whichever of
 them was signalled (the estimator engine's tasks send their flag in each
-step's gradient sum instead: ``estimator_sums.PreemptionHook``), and
+step's gradient sum instead: ``engines.estimator.sums.PreemptionHook``), and
 :meth:`PreemptionWatch.stop_with_others` makes a task that learns of
 another's signal stop as if it had got one.
 
@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 
-from estimator_keras.engines import base
+from estimator_keras.distribute import groups
 from estimator_keras.errors import Preempted
 
 logger = logging.getLogger(__name__)
@@ -200,19 +200,17 @@ class StopAgreement:
 
     Args:
       watch: the task's :class:`PreemptionWatch`.
-      strategy: the ``tf.distribute`` strategy training runs under, a
-        :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`,
-        or None.
+      group: what training runs under: a
+        :class:`~estimator_keras.distribute.groups.TrainingGroup`, a
+        ``tf.distribute`` strategy, or None (see :func:`groups.of`).
       every_secs: about how often the workers compare notes.
     """
 
     MAX_STEPS_BETWEEN = 10000
 
-    def __init__(self, watch, strategy, every_secs=AGREE_EVERY_SECS):
-        self.watch, self.strategy, self.every_secs = watch, strategy, float(every_secs)
-        # A JAX process group averages over its processes itself.
-        self._mean = getattr(strategy, "mean_over_processes", None)
-        self.in_cluster = self._mean is not None or base.in_tf_cluster(strategy)
+    def __init__(self, watch, group, every_secs=AGREE_EVERY_SECS):
+        self.watch, self.group, self.every_secs = watch, groups.of(group), float(every_secs)
+        self.in_cluster = self.group.multi_process
         self._next = None
         self._since = None
 
@@ -229,16 +227,7 @@ class StopAgreement:
             return False
         done, secs = step - self._since[0], now - self._since[1]
         proposed = done / secs * self.every_secs if done and secs > 0 else 1.0
-        stop, between = self._all_reduce(1.0 if self.watch.requested else 0.0, proposed)
+        stop, between = self.group.mean([1.0 if self.watch.requested else 0.0, proposed])
         self._next = step + min(max(1, int(round(between))), self.MAX_STEPS_BETWEEN)
         self._since = (step, time.monotonic())
         return stop > 0
-
-    def _all_reduce(self, *values):
-        if self._mean is not None:
-            return self._mean(list(values))
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        mine = tf.constant(values, tf.float32)
-        reduced = self.strategy.reduce(tf.distribute.ReduceOp.MEAN,
-                                       self.strategy.run(lambda: mine), axis=None)
-        return [float(v) for v in reduced.numpy()]

@@ -7,7 +7,7 @@ It keeps the other engines' contract:
 - the input is the plan's ``tf.data`` pipeline, which Keras 3 reads on every
   backend;
 - a checkpoint in ``MODEL_DIR`` at the start and every ``eval_every_steps``
-  steps (:mod:`~estimator_keras.engines.keras3_checkpoints`: Keras 3 weights
+  steps (:mod:`~estimator_keras.engines.keras3.checkpoints`: Keras 3 weights
   files with the optimizer's state, the same on every backend), the newest
   ``keep_checkpoint_max`` kept;
 - an evaluation after every checkpoint, reported to the plan's hooks, and
@@ -25,18 +25,19 @@ It keeps the other engines' contract:
   preemption), optimizer state included; a finished run trains nothing and
   reports its evaluation; a model dir that holds only a TensorFlow checkpoint
   of the estimator or keras engine continues at its step, with its
-  optimizer's slots (:mod:`estimator_keras.keras3_migration`), or with a
+  optimizer's slots (:mod:`estimator_keras.engines.keras3.migration`), or with a
   fresh optimizer where they cannot move (:func:`restore`);
 - SIGTERM/SIGINT under the plan's PreemptionWatch: a checkpoint of the step
   just taken, then Preempted; a NaN or infinite loss: NumericalError;
-- several processes on the JAX backend (the plan's strategy a
-  :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`):
+- several processes on the JAX backend (the plan's group a
+  :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`,
+  asked only through :class:`~estimator_keras.distribute.groups.TrainingGroup`):
   fit runs in its scope, each process on its own share of the training data;
   every process starts from process 0's checkpoint (process 0 restores it,
   then broadcasts the state), so no other process restores from its model
   dir; each
   evaluates its share of the eval split and the metrics' states are summed
-  (:class:`~estimator_keras.engines.keras3_evaluation.ShardedEvaluation`); the chief alone writes the checkpoints; the
+  (:class:`~estimator_keras.engines.keras3.evaluation.ShardedEvaluation`); the chief alone writes the checkpoints; the
   processes agree on the step a preemption stops at.
 
 Example::
@@ -47,7 +48,6 @@ Example::
 """
 
 import collections
-import contextlib
 import importlib.util
 import math
 
@@ -55,11 +55,10 @@ import keras
 import numpy as np
 
 from estimator_keras import io, memory, summaries
-from estimator_keras.distribute.jax_processes import DataParallelProcesses
-from estimator_keras.engines import base, optimizers, preemption
-from estimator_keras.engines import keras3_checkpoints as ckpts
-from estimator_keras.engines import keras3_evaluation as evaluation
-from estimator_keras.engines import keras3_resume as resume
+from estimator_keras.distribute import preemption
+from estimator_keras.engines import base, optimizers
+from estimator_keras.engines.keras3 import checkpoints as ckpts
+from estimator_keras.engines.keras3 import evaluation, resume
 from estimator_keras.errors import ConfigError, DataError, ModelDirError
 
 # The two runs of the summaries, named as Keras' TensorBoard callback names them.
@@ -99,7 +98,7 @@ class TrainingSteps(keras.callbacks.Callback):
         self.plan, self.meter, self.last_checkpoint = plan, meter, last_checkpoint
         self.trained, self.start = model, start
         self.full = model.steps_per_execution
-        self.agreement = (preemption.StopAgreement(plan.preemption, plan.strategy)
+        self.agreement = (preemption.StopAgreement(plan.preemption, plan.group)
                           if plan.preemption is not None else None)
         self.functions = {}
         self.calls = collections.deque()
@@ -223,7 +222,7 @@ class Evaluations(keras.callbacks.Callback):
         stop = plan.early_stopping
         # Every process gets the same metrics, so all stop together; the
         # chief's hooks compute in its own process.
-        with _alone(plan.strategy):
+        with plan.group.alone():
             stopping = base.record_evaluation(plan.hooks, step, metrics, self.saved,
                                               plan.chief, stop, self.history)
         if stopping:
@@ -265,25 +264,9 @@ def _save(model, plan, step, start=0):
     distribution it would wait for the other processes."""
     if not plan.chief:
         return None
-    with _alone(plan.strategy):
+    with plan.group.alone():
         return ckpts.save(model, plan.model_dir, step, plan.keep_checkpoint_max,
                           optimizer_from=start)
-
-
-def _alone(strategy):
-    """Computes in this process only, inside a JAX process group's training."""
-    if isinstance(strategy, DataParallelProcesses):
-        return strategy.alone()
-    return contextlib.nullcontext()
-
-
-def _training_scope(strategy):
-    """Where fit runs: a JAX process group's scope (Keras reads its
-    distribution as it trains); a tf.distribute strategy is held by the
-    variables it made, no scope needed."""
-    if isinstance(strategy, DataParallelProcesses):
-        return strategy.scope()
-    return contextlib.nullcontext()
 
 
 def compile_for_keras3(plan, steps_per_call=1):
@@ -303,45 +286,42 @@ def compile_for_keras3(plan, steps_per_call=1):
     return model
 
 
-def _scope(strategy):
-    if strategy is None:
-        return contextlib.nullcontext()
-    if isinstance(strategy, DataParallelProcesses):
-        return strategy.scope()
+def _scope(group):
+    """Where the model is built: the group's scope, once a tf.distribute
+    strategy is known to be one Keras 3 trains under."""
+    if group.strategy is None:
+        return group.scope()
     if keras.backend.backend() != "tensorflow":
         raise ConfigError(
             f"a tf.distribute strategy needs Keras 3 on the tensorflow backend; this is "
             f"KERAS_BACKEND={keras.backend.backend()}. Use --strategy none (one device), or "
             f"KERAS_BACKEND=tensorflow.")
-    if base.in_tf_cluster(strategy):
+    if group.multi_process:
         raise ConfigError(
             "on the TensorFlow backend the keras3 engine trains in one process (Keras 3's fit "
             "under MultiWorkerMirroredStrategy is not supported: keras-team/keras#20585), but "
             "this task is part of a TF_CONFIG cluster. Set KERAS_BACKEND=jax to train the "
             "processes together on JAX, train the cluster with --engine keras or --engine "
             "estimator, or run keras3 without TF_CONFIG.")
-    return strategy.scope()
+    return group.scope()
 
 
 def _datasets(plan, model):
     """(train, eval) datasets; under a strategy the training batches are per
     replica; a JAX process group gets no eval dataset (ShardedEvaluation
     reads its own)."""
-    if plan.strategy is None or isinstance(plan.strategy, DataParallelProcesses):
-        # A process of a group reads its own share already (the plan's input_fn).
-        train = evaluation.as_built(model, plan.train_data(input_context=None))
-    else:
-        train = plan.strategy.distribute_datasets_from_function(
-            lambda ctx: evaluation.as_built(model, plan.train_data(input_context=ctx)))
-    # A JAX process group evaluates its shares itself (ShardedEvaluation).
-    group = isinstance(plan.strategy, DataParallelProcesses)
-    return train, None if group else evaluation.eval_data(plan, model)
+    # A process that reads its own share (the plan's input_fn) gets no
+    # input context; a strategy distributes the input itself.
+    train = plan.group.distribute_dataset(
+        lambda ctx: evaluation.as_built(model, plan.train_data(input_context=ctx)))
+    # A process reading its share evaluates its share too (ShardedEvaluation).
+    return train, None if plan.group.input_shard else evaluation.eval_data(plan, model)
 
 
 def _fit(plan):
     hooks = plan.hooks
     io.makedirs(plan.model_dir)
-    group = plan.strategy if isinstance(plan.strategy, DataParallelProcesses) else None
+    group = plan.group if plan.group.process_0_decides else None
     latest = other = None
     # Process 0's checkpoint is everybody's: a model dir the others see
     # late, or not at all, cannot split the group, so they do not look.
@@ -355,12 +335,12 @@ def _fit(plan):
             # evaluates and exports on the chief alone).
             return base.RunResult(None, None, chosen, latest if plan.chief else None)
     # Processes of a group must initialize the same weights.
-    seed = plan.seed if plan.seed is not None else getattr(plan.strategy, "shared_seed", None)
+    seed = plan.seed if plan.seed is not None else plan.group.shared_seed
     if seed is not None:
         # Initial weights and dropout; the runner passes a seed that differs
         # after a restart (base.run_seed), so a resumed run draws anew.
         keras.utils.set_random_seed(int(seed))
-    with _scope(plan.strategy):
+    with _scope(plan.group):
         model = compile_for_keras3(plan, base.MAX_STEPS_PER_EXECUTION)
         step = start = 0
         if group is not None:
@@ -386,7 +366,7 @@ def _fit(plan):
 
     if plan.chief and importlib.util.find_spec("tensorboard") is None:
         hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
-    replicas = plan.strategy.num_replicas_in_sync if plan.strategy is not None else 1
+    replicas = plan.group.num_replicas_in_sync
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
                                plan.max_steps)
     evaluations = Evaluations(plan, saved, start, group)
@@ -396,7 +376,7 @@ def _fit(plan):
     fit = dict(validation_data=eval_data,
                callbacks=[steps, evaluations], shuffle=False, verbose=0)
     try:
-        with evaluation.quiet_end_of_data(), _training_scope(plan.strategy):
+        with evaluation.quiet_end_of_data(), plan.group.fit_scope():
             if step % every:
                 # Back onto multiples of eval_every_steps (after a preemption):
                 # one short epoch first.
@@ -435,9 +415,9 @@ class Keras3Engine(base.Engine):
     def evaluate(self, plan, checkpoint):
         """The metrics of a keras3 checkpoint, or of another engine's TF
         checkpoint, with ``global_step``."""
-        # A process of a JAX group evaluates alone (the others have finished).
-        scope = (contextlib.nullcontext() if isinstance(plan.strategy, DataParallelProcesses)
-                 else _scope(plan.strategy))
+        # A process of a group that decides alone evaluates alone (the
+        # others have finished).
+        scope = plan.group.alone() if plan.group.process_0_decides else _scope(plan.group)
         with scope:
             model = compile_for_keras3(plan)
             step = resume.restore(model, checkpoint)
@@ -445,11 +425,11 @@ class Keras3Engine(base.Engine):
 
     def check_can_restore(self, checkpoint):
         """Accepts keras3 checkpoints and the TensorFlow checkpoints of the
-        other engines (continued through keras3_migration)."""
+        other engines (continued through :mod:`.migration`)."""
         if ckpts.is_checkpoint(checkpoint):
             ckpts.step_of(checkpoint)
             return
-        if importlib.util.find_spec("estimator_keras.keras3_migration") is None:
+        if importlib.util.find_spec("estimator_keras.engines.keras3.migration") is None:
             raise ModelDirError(
                 f"{io.parent(checkpoint)} holds a TensorFlow checkpoint of the estimator or keras "
                 f"engine ({checkpoint}), which this installation cannot load into Keras 3. "
@@ -463,22 +443,22 @@ class Keras3Engine(base.Engine):
         if ckpts.is_checkpoint(checkpoint):
             ckpts.check_fits(model, checkpoint)
         else:
-            from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
-            keras3_migration.check_tf_checkpoint(model, checkpoint)
+            from estimator_keras.engines.keras3 import migration  # pylint: disable=import-outside-toplevel
+            migration.check_tf_checkpoint(model, checkpoint)
 
     def export(self, model_builder, model_dir, *, checkpoint, **options):
         """model.keras, model.h5, weights.h5, saved_model/ and export.json of a keras3
-        checkpoint (:mod:`estimator_keras.keras3_export`), or of another
+        checkpoint (:mod:`.export`), or of another
         engine's TF checkpoint in a model dir not yet trained on here."""
         # pylint: disable=import-outside-toplevel  (they import TensorFlow)
         from estimator_keras import export as export_lib
-        from estimator_keras import keras3_export
+        from estimator_keras.engines.keras3 import export as keras3_export
         if checkpoint is None or ckpts.is_checkpoint(checkpoint):
             return keras3_export.export_model(model_builder, model_dir, checkpoint=checkpoint,
                                               **options)
-        from estimator_keras import keras3_migration
+        from estimator_keras.engines.keras3 import migration
         model = model_builder()
-        step = keras3_migration.restore_tf_checkpoint(model, checkpoint)
+        step = migration.restore_tf_checkpoint(model, checkpoint)
         export_dir = options.pop("export_dir", None) or io.join(model_dir,
                                                                 export_lib.EXPORT_DIR)
         return keras3_export.write_export(model, export_dir, step=step, checkpoint=checkpoint,
@@ -500,8 +480,8 @@ class Keras3Engine(base.Engine):
     def written_by(self, checkpoint):
         if ckpts.is_checkpoint(checkpoint):
             return self.name
-        from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
-        return checkpoints.checkpoint_engine(checkpoint)
+        from estimator_keras.engines import model_dirs  # pylint: disable=import-outside-toplevel
+        return model_dirs.checkpoint_engine(checkpoint)
 
     def checkpoint_step(self, checkpoint):
         """The step of a keras3 checkpoint or of another engine's TF checkpoint."""

@@ -19,8 +19,8 @@ iteration count, the first update on Keras 3 is the one the source engine
 would have made. Where the slots cannot move (Nadam, or a checkpoint of
 another optimizer), the keras3 engine starts the optimizer afresh, its
 own count at 0, while the run's step goes on (see
-:func:`estimator_keras.engines.keras3_resume.restore`). The reverse, a Keras 2 engine on a keras3 model dir, is
-refused by :func:`estimator_keras.checkpoints.check_not_keras3`.
+:func:`estimator_keras.engines.keras3.resume.restore`). The reverse, a Keras 2 engine on a keras3 model dir, is
+refused by :func:`estimator_keras.engines.model_dirs.check_can_continue`.
 
 Example::
 

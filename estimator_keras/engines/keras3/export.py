@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from estimator_keras import io
 from estimator_keras import export as export_lib
+from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ModelDirError, TensorFlowError
 from estimator_keras.schema import FeatureSpec, schema_to_json
 from estimator_keras.signatures import serving_signatures
@@ -69,9 +70,6 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     restores a keras3 checkpoint (``ckpt-<step>.weights.h5``, default the
     latest in ``model_dir``) into the builder's model and writes its export
     (default ``MODEL_DIR/export``). Returns the export directory."""
-    # pylint: disable-next=import-outside-toplevel  (the keras3 engine's; imports Keras 3)
-    from estimator_keras.engines import keras3_checkpoints
-
     model_dir = str(model_dir)
     checkpoint = checkpoint or keras3_checkpoints.latest(model_dir)
     if checkpoint is None:
@@ -243,13 +241,14 @@ def _all_layers(layer):
 
 
 def _saved_model_on_tensorflow(model_file, target, schema, features, class_names, modules):
-    """Runs ``python -m estimator_keras.keras3_export`` on Keras 3's TensorFlow
+    """Runs ``python -m estimator_keras.engines.keras3.export`` on Keras 3's TensorFlow
     backend to write the SavedModel of ``model_file``."""
     spec = {"model": model_file, "target": target, "features": features,
             "class_names": [str(n) for n in class_names] if class_names else None,
             "schema": schema_to_json(schema) if schema is not None else None,
             "modules": modules}
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The folder that holds the package (io is one of its top-level modules).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(io.__file__)))
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_USE_LEGACY_KERAS="0")
     # Where this process found the package and the model's own layers.
     env["PYTHONPATH"] = os.pathsep.join(

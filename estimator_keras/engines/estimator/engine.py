@@ -23,7 +23,9 @@ import time
 import tensorflow as tf
 
 from estimator_keras import checkpoints, export, io, memory, model_inputs, summaries
-from estimator_keras.engines import base, estimator_sums, optimizers
+from estimator_keras.engines import base, model_dirs, optimizers
+from estimator_keras.engines.estimator import checkpoints as estimator_checkpoints
+from estimator_keras.engines.estimator import sums as estimator_sums
 from estimator_keras.errors import ModelDirError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ def to_estimator(keras_model, model_dir=None, config=None, **run_config_kwargs):
         :func:`run_config` from ``run_config_kwargs``. Under its
         MultiWorkerMirroredStrategy the optimizer is rebuilt to sum sparse
         gradients (an Embedding's) as dense ones: see
-        :func:`~estimator_keras.engines.estimator_sums.sums_sparse_as_dense`.
+        :func:`~estimator_keras.engines.estimator.sums.sums_sparse_as_dense`.
 
     Returns:
       A ``tf.estimator.Estimator`` writing object-based checkpoints, which
@@ -313,7 +315,7 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     ``chief``, which this task is unless told otherwise). Under
     MultiWorkerMirroredStrategy every task stops after the same step, the
     first whose gradient sum carried a task's signal
-    (:class:`~estimator_keras.engines.estimator_sums.PreemptionHook`),
+    (:class:`~estimator_keras.engines.estimator.sums.PreemptionHook`),
     and a worker (``stop_with_chief``) raises Preempted naming the step the
     chief saved.
 
@@ -451,7 +453,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
             _wait_for_warm_start(plan.model_dir, plan.hooks.log)
 
     def train(self, plan):
-        checkpoints.check_not_keras3(plan.model_dir, self.name)
+        model_dirs.check_can_continue(plan.model_dir, self.name)
         finished = self._finished(plan)
         if finished is not None:
             return finished
@@ -497,7 +499,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
         (a RunResult), else None. tf.estimator skips a finished run by the
         checkpoint's ``global_step``, which the Estimator of a Keras model
         saves as ``estimator_global_step``: it would train one step more."""
-        if not plan.chief or base.in_tf_cluster(plan.strategy):
+        if not plan.chief or plan.group.multi_process:
             return None
         latest = tf.train.latest_checkpoint(plan.model_dir)
         step = checkpoints.checkpoint_step(latest) if latest else None
@@ -514,7 +516,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
                                                      checkpoint_path=checkpoint))
 
     def check_can_restore(self, checkpoint):
-        checkpoints.check_estimator_can_restore(checkpoint)
+        estimator_checkpoints.check_can_restore(checkpoint)
 
     def finish_worker(self, model_dir, task_index, strategy_name):
         if strategy_name == "multi_worker_mirrored":

@@ -77,7 +77,8 @@ class ShardedEvaluation:
 
     Args:
       plan: the TrainingPlan (its eval data, and its hooks' log).
-      group: the :class:`~estimator_keras.distribute.jax_processes.DataParallelProcesses`.
+      group: a :class:`~estimator_keras.distribute.groups.TrainingGroup` whose
+        processes each read their share (``input_shard``).
       model: a compiled model of the plan's, built outside the group's
         distribution (``group.alone()``): the one that evaluates here.
     """
@@ -96,7 +97,7 @@ class ShardedEvaluation:
             model.evaluate(self.data, verbose=0)
             states = [v for metric in model.metrics for v in metric.variables]
             local = [keras.ops.convert_to_numpy(v) for v in states]
-            totals = self.group.sum_over_processes(local)
+            totals = self.group.sums(local)
             for variable, total in zip(states, totals):
                 variable.assign(total)
             metrics = {k: float(v) for k, v in model.get_metrics_result().items()}

@@ -12,8 +12,8 @@ Example::
 import keras
 import numpy as np
 
-from estimator_keras.engines import keras3_checkpoints as ckpts
 from estimator_keras.engines import optimizers
+from estimator_keras.engines.keras3 import checkpoints as ckpts
 from estimator_keras.errors import ModelDirError
 
 
@@ -66,11 +66,11 @@ def restore(model, checkpoint, log=None):
     if ckpts.is_checkpoint(checkpoint):
         return ckpts.restore(model, checkpoint)
     # Another helper's module: imported only where a TF checkpoint is met.
-    from estimator_keras import keras3_migration  # pylint: disable=import-outside-toplevel
-    step = int(keras3_migration.restore_tf_checkpoint(model, checkpoint))
+    from estimator_keras.engines.keras3 import migration  # pylint: disable=import-outside-toplevel
+    step = int(migration.restore_tf_checkpoint(model, checkpoint))
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    lost = keras3_migration.restore_optimizer_state(model, checkpoint)
+    lost = migration.restore_optimizer_state(model, checkpoint)
     if lost:
         if log is not None:
             log(f"the optimizer starts afresh at step {step}: {lost}; its own step count "

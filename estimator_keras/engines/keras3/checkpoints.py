@@ -36,7 +36,7 @@ import textwrap
 import uuid
 
 from estimator_keras import io
-from estimator_keras.errors import CheckpointMismatchError, ModelDirError
+from estimator_keras.errors import CheckpointMismatchError, EngineMismatchError, ModelDirError
 from estimator_keras.modeldir import pid_alive
 
 INDEX = "keras3-checkpoints.json"
@@ -108,6 +108,23 @@ def present(model_dir):
     """Whether the keras3 engine has checkpointed in ``model_dir``: its index
     or a checkpoint file is there."""
     return io.exists(io.join(str(model_dir), INDEX)) or find(model_dir) is not None
+
+
+def refuse_other_engine(model_dir, engine):
+    """Raises EngineMismatchError when this engine has checkpointed in
+    ``model_dir`` and ``engine`` (a Keras 2 engine) would continue it: Keras
+    2 cannot read Keras 3 weights files, and resuming from an older
+    TensorFlow checkpoint beside them would lose their steps. The message
+    says what to use instead."""
+    found = find(model_dir)
+    if found is None:
+        return
+    raise EngineMismatchError(
+        f"{model_dir} was trained by the keras3 engine (Keras 3): its checkpoint {found} is a "
+        f"Keras 3 weights file, which the {engine} engine (Keras 2) cannot restore. Continue "
+        f"this model dir with --engine keras3, or move the weights to a new --model-dir by "
+        f"hand: {io.join(model_dir, 'export', 'weights.h5')} (every keras3 export writes it) "
+        f"loads into the same builder's Keras 2 model with model.load_weights(path).")
 
 
 def all_checkpoints(model_dir):

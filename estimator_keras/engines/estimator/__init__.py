@@ -1,0 +1,41 @@
+"""The estimator engine: ``tf.keras.estimator.model_to_estimator`` and
+``tf.estimator.train_and_evaluate`` (TensorFlow <= 2.15 with
+``tensorflow-estimator``), in :mod:`.engine`; its checkpoints in
+:mod:`.checkpoints`, its cross-replica sums in :mod:`.sums`.
+
+This module is the engine's registry entry only: it imports no TensorFlow.
+"""
+
+from estimator_keras.engines import keras_setup
+from estimator_keras.engines.registry import Cluster, Entry
+
+
+def _status(tf_version):
+    estimator = keras_setup.installed_version("tensorflow-estimator")
+    if keras_setup.version_tuple(tf_version) >= (2, 16):
+        return False, (f"not available: tf.estimator ended with TensorFlow 2.15 (this is "
+                       f"{tf_version})")
+    if not estimator:
+        return False, "not available: tensorflow-estimator is not installed"
+    return True, f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})"
+
+
+def _claims(reader):
+    from estimator_keras.engines.estimator import checkpoints  # pylint: disable=import-outside-toplevel
+    return checkpoints.claims(reader)
+
+
+ENTRY = Entry(
+    name="estimator",
+    engine="estimator_keras.engines.estimator.engine:EstimatorEngine",
+    summary="tf.estimator's train_and_evaluate of a model_to_estimator Estimator "
+            "(TensorFlow 2.15, Python <= 3.11)",
+    status=_status,
+    keras=2,
+    cluster=Cluster(("chief", "worker", "ps", "evaluator"),
+                    ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
+                    where=" (TensorFlow 2.15)"),
+    job_kinds=("vertex", "tfjob"),
+    prebuilt_image="2-15",
+    claims=_claims,
+)

@@ -1,0 +1,196 @@
+"""The engine registry: one :class:`Entry` per engine says everything the
+rest of the program asks about it (what it needs installed, which Keras and
+backends, which clusters and cloud jobs run it, which image a cloud job
+takes, how its checkpoints are told apart, and where its Engine lives).
+
+Entries import nothing heavy: each engine's package ``__init__`` defines its
+entry from package metadata and the environment alone, so ``list``,
+``submit --dry-run`` and every launcher ask the registry without importing
+TensorFlow, Keras or JAX. :func:`get` and :func:`names` see an engine
+registered later (:func:`register`) exactly as a built-in one.
+
+Example::
+
+    from estimator_keras.engines import registry
+    for entry in registry.entries():
+        print(entry.name, entry.job_kinds)
+"""
+
+import dataclasses
+import importlib
+from typing import Callable, Dict, Optional, Tuple
+
+from estimator_keras.errors import ConfigError
+
+# The built-in engines' packages, in the order ``list`` shows them and TF
+# checkpoints are attributed (the first entry whose detector claims one).
+BUILT_IN = ("estimator_keras.engines.estimator", "estimator_keras.engines.keras",
+            "estimator_keras.engines.keras3")
+AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """What an engine runs of a cluster, known without importing it:
+    launchers check a cluster before any task starts, and a task before its
+    strategy exists."""
+
+    tasks: Tuple[str, ...]
+    """TF_CONFIG task types it runs ("chief", "worker", "ps", "evaluator")."""
+    strategies: Tuple[str, ...]
+    """``--strategy`` values it trains with ("auto" always passes)."""
+    how: str = ""
+    """What it does instead of what it refuses, for refusals ("trains with ...")."""
+    where: str = ""
+    """Where it runs, for messages that suggest it (" (TensorFlow 2.15)")."""
+    check: Optional[Callable] = None
+    """``fn(workers, strategy, environ)`` refusing what only the environment
+    decides (the keras3 engine's backend), or None."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One engine, as every module outside its folder sees it."""
+
+    name: str
+    """``--engine NAME``."""
+    engine: str
+    """``"package.module:Class"`` of its :class:`~estimator_keras.engines.base.Engine`;
+    imported by :func:`estimator_keras.engines.get_engine` only (with TensorFlow)."""
+    summary: str
+    """One line for the docs' engine table: what it trains with."""
+    status: Callable[[str], Tuple[bool, str]]
+    """``fn(tensorflow_version) -> (available, text)``, from package metadata
+    alone; ``list`` shows the text."""
+    keras: int
+    """The Keras major version it needs as ``tf.keras`` (2 or 3)."""
+    cluster: Cluster
+    """The tasks and strategies it runs."""
+    backends: Tuple[str, ...] = ()
+    """Keras 3 backends it trains on (``KERAS_BACKEND``), the first a cloud
+    job's default; empty: it trains on TensorFlow's own ``tf.keras``."""
+    multi_process_backends: Tuple[str, ...] = ()
+    """Of :attr:`backends`, those on which several processes train together."""
+    processes: Optional[Callable] = None
+    """``fn(environ, cluster_info)``: the process group it trains with outside
+    TensorFlow's runtime (a :class:`~estimator_keras.distribute.groups.ProcessGroup`
+    source), or None where it has none."""
+    job_kinds: Tuple[str, ...] = ()
+    """Cloud jobs that run it: "vertex", "tfjob", "jaxjob"."""
+    prebuilt_image: Optional[str] = None
+    """TensorFlow version of the Google prebuilt Vertex AI training image it
+    runs on ("2-15"); None: no prebuilt image has what it needs, so a Vertex
+    job needs ``--container-image``."""
+    image_requires: Tuple[str, ...] = ()
+    """Requirements its uploaded sdist adds on that prebuilt image."""
+    marker: Optional[Callable[[str], bool]] = None
+    """``fn(model_dir) -> bool``: its own checkpoint files are in a local
+    model dir, judged from file names without TensorFlow; None where its
+    checkpoints are TensorFlow's (see :attr:`claims`)."""
+    claims: Optional[Callable] = None
+    """``fn(reader) -> bool`` for a TensorFlow checkpoint's
+    ``tf.train.CheckpointReader``: this engine wrote it. Entries are asked
+    in registry order."""
+    newest: Optional[Callable[[str], Optional[str]]] = None
+    """``fn(model_dir)``: its newest checkpoint where :attr:`marker` is set
+    (TensorFlow checkpoints are found by TensorFlow)."""
+    refuse_model_dir: Optional[Callable[[str, str], None]] = None
+    """``fn(model_dir, engine)``: raises EngineMismatchError where ``engine``
+    (another engine) cannot continue a model dir this one wrote, or None
+    where every engine can."""
+    continues: Tuple[str, ...] = ()
+    """Other engines whose model dirs it continues (their checkpoints load)."""
+    no_tf_multi_worker: str = ""
+    """Why it does not train under TensorFlow's MultiWorkerMirroredStrategy
+    (a TF_CONFIG cluster, a TFJob), or "" where it does."""
+    image_hint: str = ""
+    """Where no prebuilt image serves it: what its image must hold, and how
+    to build one."""
+    warning: Optional[Callable] = None
+    """``fn(backend, platform, model, processes) -> str or None``: a warning
+    for a setup known to be much slower for ``model``."""
+
+    def facts(self):
+        """What the entry says, in words: {field: text}, in the order
+        ``show --engine`` and the docs' engine table give them."""
+        return {
+            "engine": self.name,
+            "trains with": self.summary,
+            "tf.keras": f"Keras {self.keras}",
+            "Keras backends": ", ".join(self.backends) or "TensorFlow's own",
+            "several processes": (", ".join(self.multi_process_backends)
+                                  if self.backends else "yes" if "worker" in self.cluster.tasks
+                                  else "no"),
+            "cluster tasks": ", ".join(self.cluster.tasks),
+            "strategies": ", ".join(self.cluster.strategies),
+            "cloud jobs": ", ".join(self.job_kinds) or "none",
+            "Vertex AI image": (f"Google's prebuilt TensorFlow {self.prebuilt_image.replace('-', '.')}"
+                                + (f" + {', '.join(self.image_requires)}"
+                                   if self.image_requires else "")
+                                if self.prebuilt_image else "your own (--container-image)"),
+            "continues model dirs of": ", ".join(self.continues) or "itself only",
+            "implemented in": self.engine.split(":")[0].rsplit(".", 1)[0],
+        }
+
+
+_ENTRIES: Dict[str, Entry] = {}
+
+
+def _load_built_in():
+    if not _ENTRIES:
+        for module in BUILT_IN:
+            entry = importlib.import_module(module).ENTRY
+            _ENTRIES.setdefault(entry.name, entry)
+
+
+def register(entry):
+    """Adds (or replaces) an engine; it is asked like the built-in ones."""
+    if not isinstance(entry, Entry):
+        raise TypeError(f"register() takes a registry.Entry, got {type(entry).__name__}")
+    if entry.name == AUTO:
+        raise ConfigError(f"an engine cannot be named {AUTO!r}: that is --engine's default")
+    _load_built_in()
+    _ENTRIES[entry.name] = entry
+
+
+def unregister(name):
+    """Removes an engine added with :func:`register`."""
+    _load_built_in()
+    if name in (importlib.import_module(m).ENTRY.name for m in BUILT_IN):
+        raise ValueError(f"{name!r} is a built-in engine")
+    _ENTRIES.pop(name, None)
+
+
+def entries():
+    """Every engine's entry, built-in ones first."""
+    _load_built_in()
+    return list(_ENTRIES.values())
+
+
+def names():
+    """Every engine's name, in registry order."""
+    return tuple(entry.name for entry in entries())
+
+
+def choices():
+    """``--engine``'s choices: "auto" and every engine."""
+    return (AUTO,) + names()
+
+
+def get(name):
+    """The entry of ``name``; ConfigError naming the choices when unknown."""
+    _load_built_in()
+    if name not in _ENTRIES:
+        raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(names())}.")
+    return _ENTRIES[name]
+
+
+def find(name):
+    """The entry of ``name``, or None."""
+    _load_built_in()
+    return _ENTRIES.get(name)
+
+
+def with_job_kind(kind):
+    """The names of the engines a cloud job of ``kind`` runs."""
+    return tuple(entry.name for entry in entries() if kind in entry.job_kinds)
