@@ -18,8 +18,8 @@ from support import ROOT, child_env
 TESTS = os.path.dirname(os.path.abspath(__file__))
 IMAGE = "us-docker.pkg.dev/my-project/ml/estimator-keras:fourth"
 # The CLI in a child that registers the fourth engine first, as a plugin would.
-_MAIN = ("import sys\nimport fourth_engine\nfrom experiments.cli import main\n"
-         "sys.exit(main(sys.argv[1:]))\n")
+_MAIN = ("import sys\nimport fourth_engine\nfourth_engine.register()\n"
+         "from experiments.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
 def _cli(*args, timeout=300):

@@ -3,8 +3,9 @@ one registry entry, as a new engine of the package would be. It trains
 with the Keras this environment has (Keras 3 where it runs, else Keras 2)
 through the engine of that Keras, under its own name.
 
-Importing this package registers it; it imports no TensorFlow, so the CLI
-can still choose tf.keras afterwards.
+Importing it imports no TensorFlow (the CLI can still choose tf.keras
+afterwards) and registers nothing: :func:`register` does, in the process
+that asks for it.
 """
 
 from estimator_keras.engines import keras_setup, registry
@@ -27,4 +28,7 @@ ENTRY = registry.Entry(
     job_kinds=("vertex",),
     image_hint="an image with this package and the tests' fourth engine installed",
 )
-registry.register(ENTRY)
+
+
+def register():
+    registry.register(ENTRY)
