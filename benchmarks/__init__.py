@@ -21,7 +21,8 @@ Tables (Fashion-MNIST, batch 128 unless said):
 - ``cluster`` (:mod:`benchmarks.cluster_table`): one process vs chief + 1 worker,
   and the keras3 engine on JAX: one process vs 2.
 
-Plumbing: :mod:`benchmarks.common` (settings, timing, targets),
+Plumbing: :mod:`benchmarks.common` (settings, timing, targets), :mod:`benchmarks.output`
+(the machine, text tables, JSON),
 :mod:`benchmarks.turns` (child processes taking turns), :mod:`benchmarks.legacy`
 (queue runners, ``feed_dict``), :mod:`benchmarks.plots` (PNG plots, matplotlib),
 :mod:`benchmarks.report` (Markdown), :mod:`benchmarks.engine_matrix` (which Keras

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import accuracy_runs, common, training_table, turns
+from benchmarks import accuracy_runs, common, output, training_table, turns
 from benchmarks.common import IMAGE, LABEL, Variant
 
 TABLE = "accuracy"
@@ -273,15 +273,15 @@ def _reached(row, name):
         return f"no {name} run"
     if row.get("t091_s") is None:
         return (f"{name} never reached {TARGET_ACCURACY} in {row.get('steps')} steps (best "
-                f"{common.fmt(row.get('best_accuracy'))})")
-    return f"{name} {common.fmt(row['t091_s'])} s to {TARGET_ACCURACY} (step {row['step_091']})"
+                f"{output.fmt(row.get('best_accuracy'))})")
+    return f"{name} {output.fmt(row['t091_s'])} s to {TARGET_ACCURACY} (step {row['step_091']})"
 
 
 def _time_target(row, ref):
     ratio = common.ratio(row["t091_s"], ref["t091_s"]) if ref else None
     final = row["final_accuracy"]
     why = (f"{_reached(row, row['name'])}, {_reached(ref, 'plain Keras')}; final accuracy "
-           f"{common.fmt(final)}")
+           f"{output.fmt(final)}")
     target = common.target(f"accuracy.{row['name']}.time_to_091",
                            f"{row['name']}: time to {TARGET_ACCURACY} / plain Keras's, with final "
                            f"accuracy >= {FINAL_ACCURACY}", ratio, TIME_RATIO, op="<=",
@@ -289,7 +289,7 @@ def _time_target(row, ref):
     if target["met"] and (final is None or final < FINAL_ACCURACY):
         target["met"] = False
         target["why"] = (f"time ratio {ratio:.3f} is within {TIME_RATIO}, but the final "
-                         f"accuracy {common.fmt(final)} < {FINAL_ACCURACY}; {why}")
+                         f"accuracy {output.fmt(final)} < {FINAL_ACCURACY}; {why}")
     return target
 
 
@@ -358,7 +358,7 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
     config = registry.get(accuracy_runs.EXPERIMENT).config
     steps = int(steps or (300 if settings.quick else config.train.max_steps))
     eval_fraction = config.train.eval_every_steps / config.train.max_steps
-    load_start = common.load_average()
+    load_start = output.load_average()
     knob_rows = run_knobs(path, settings) if knobs else []
     chosen = runs or settings.accuracy_runs
     auto_float32 = not chosen and _auto_is_float32(config)
@@ -376,7 +376,7 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
                         "step_091", "wall_s", "steps", "evaluations", "eval_every",
                         "batch_size", "precision"],
             "targets": run_targets(rows, steps), "steps": steps, "dataset": path,
-            "load_before": load_start, "load_after": common.load_average(),
+            "load_before": load_start, "load_after": output.load_average(),
             "notes": [f"t091_s = a run's own working time (its turns only) until its first "
                       f"evaluation at >= {TARGET_ACCURACY} has finished; ratio = t091_s / "
                       f"plain Keras's t091_s", "every run is one uninterrupted process; runs "

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks import common
+from benchmarks import common, output
 from benchmarks.common import IMAGE, LABEL
 
 CHILD_TIMEOUT_S = 1800
@@ -80,7 +80,7 @@ def _child(args):
                                   features={IMAGE: IMAGE}, label=LABEL, **overrides)
     per_epoch = math.ceil(resolved.num_examples / args.batch_size)
     iterator = iter(dataset)
-    rss, seconds = [common.rss_mb()], []
+    rss, seconds = [output.rss_mb()], []
     for _ in range(args.epochs):
         start = time.perf_counter()
         for _ in range(per_epoch):
@@ -89,7 +89,7 @@ def _child(args):
         gc.collect()
         if release:
             memory.release_free_memory()
-        rss.append(common.rss_mb())
+        rss.append(output.rss_mb())
     print(json.dumps({"overrides": overrides, "epochs": args.epochs,
                       "release": release,
                       "examples": resolved.num_examples, "rss_mb": rss,

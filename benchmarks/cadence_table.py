@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 
-from benchmarks import common
+from benchmarks import common, output
 
 TABLE = "cadence"
 TITLE = ("keras3 engine, fashion_mnist_mlp as the experiment sets it (6000 steps): wall s at "
@@ -60,7 +60,7 @@ def run(settings):
     jax = common.jax_python(settings)
     cadences = QUICK[1] if settings.quick else CADENCES
     repeats = settings.repeats_for(5)
-    load_start = common.load_average()
+    load_start = output.load_average()
     rows, targets = [], []
     for backend in BACKENDS:
         # This table runs under an interpreter with Keras 3 and TensorFlow 2.16+.
@@ -107,10 +107,10 @@ def run(settings):
     return {"table": TABLE, "title": TITLE, "unit": "wall s", "rows": rows,
             "columns": ["name", "median", "min", "max", "steps_per_s"],
             "targets": targets, "dataset": path, "load_before": load_start,
-            "load_after": common.load_average(),
+            "load_after": output.load_average(),
             "notes": [f"{repeats} run(s) per cadence and backend, alternating; wall s of the "
                       f"whole `python -m experiments train` command; steps_per_s from its "
                       f"progress lines' average"] + [
                 f"{t['id']}: each repeat's ratio " + ", ".join(
-                    common.fmt_value(v) if v is not None else "-" for v in t["per_repeat"])
+                    output.fmt_value(v) if v is not None else "-" for v in t["per_repeat"])
                 for t in targets]}

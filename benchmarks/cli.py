@@ -29,7 +29,7 @@ import tempfile
 import time
 from importlib import metadata
 
-from benchmarks import accuracy_runs, common, plots, rounds
+from benchmarks import accuracy_runs, common, output, plots, rounds
 from estimator_keras import engines
 from experiments import parsing
 
@@ -253,9 +253,9 @@ def main(argv=None):
     extra = {"accuracy": {"steps": args.accuracy_steps, "knobs": args.accuracy_knobs}}
     out = {"meta": {"command": "python -m benchmarks " + " ".join(
                         argv if argv is not None else sys.argv[1:]),
-                    "started": common.now_iso(), "settings": settings.to_json(),
+                    "started": output.now_iso(), "settings": settings.to_json(),
                     "rounds": {t: rounds_for(t, args) for t in tables},
-                    "machine": common.machine_info()},
+                    "machine": output.machine_info()},
            "tables": {}}
     failed = False
     try:
@@ -278,11 +278,11 @@ def main(argv=None):
             # A child prints its own table on the shared stdout; merged rounds
             # are printed again, with each target's spread.
             if in_process or "error" in result or count > 1:
-                print(common.format_table(result) if "rows" in result
+                print(output.format_table(result) if "rows" in result
                       else f"== {table}: {result.get('error')}", flush=True)
                 print(flush=True)
-        out["meta"]["finished"] = common.now_iso()
-        common.write_json(out, args.json)
+        out["meta"]["finished"] = output.now_iso()
+        output.write_json(out, args.json)
         common.say(f"results written to {args.json}")
         if not args.no_plots:
             stem = os.path.splitext(os.path.basename(args.json))[0]

@@ -33,7 +33,7 @@ more machines or heavier steps.
 import os
 import shutil
 
-from benchmarks import common
+from benchmarks import common, output
 
 TABLE = "cluster"
 TITLE = ("fashion_mnist_mlp: one process vs chief + 1 worker (MultiWorkerMirrored), and the "
@@ -114,7 +114,7 @@ def run(settings, batches=None, steps=None):
     jax = common.jax_python(settings)
     not_measured = None if jax else common.no_jax_reason(settings)
     ways = [w for w in WAYS if jax or w[0] != "jax"]
-    load_start = common.load_average()
+    load_start = output.load_average()
     rows, targets, jax_notes = [], [], []
     for batch in batches:
         samples = {(b, w): [] for b, w, _ in WAYS}
@@ -152,7 +152,7 @@ def run(settings, batches=None, steps=None):
     return {"table": TABLE, "title": TITLE, "unit": "examples/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "steps_per_s"],
             "targets": targets, "steps": steps, "dataset": path, "load_before": load_start,
-            "load_after": common.load_average(), "python_jax": jax,
+            "load_after": output.load_average(), "python_jax": jax,
             "notes": [f"{steps} steps per run, {repeats} run(s) per way, alternating; rates from "
                       "the chief's progress lines (start-up and evaluation excluded)",
                       jax_note] + jax_notes}

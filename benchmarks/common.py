@@ -1,4 +1,5 @@
-"""Plumbing shared by the benchmark tables: settings, data, timing, output.
+"""Plumbing shared by the benchmark tables: settings, data, timing, targets
+(what they print and write is :mod:`benchmarks.output`).
 
 Every table follows one pattern: build each variant once, run one warm-up
 window per variant (which also sizes the timed windows), then run the timed
@@ -9,17 +10,14 @@ back to back see the same drift and their ratios stay meaningful.
 """
 
 import dataclasses
-import datetime
-import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 
-from estimator_keras import io
+from benchmarks.output import fmt_value
 
 logger = logging.getLogger(__name__)
 
@@ -488,18 +486,6 @@ def target(tid, description, value, threshold, op=">=", why=None, rounds=None):
     return row
 
 
-def format_spread(spread):
-    """"min / median / max" of a target's rounds, or "-"."""
-    return " / ".join(fmt_value(v) for v in spread) if spread else "-"
-
-
-def fmt_value(value):
-    """A target's value: 3 significant digits below 100, thousands separators above."""
-    if value is None:
-        return "-"
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
-
-
 def row_median(rows, name):
     for row in rows:
         if row["name"] == name:
@@ -511,141 +497,3 @@ def ratio(a, b):
     if a is None or b is None or not b:
         return None
     return a / b
-
-
-# --------------------------------------------------------------------------
-# Output
-
-
-def machine_info():
-    """Where the numbers come from: cores, CPU, memory, versions, load."""
-    info = {"nproc": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
-    try:
-        info["cpus_usable"] = len(os.sched_getaffinity(0))
-    except AttributeError:
-        pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            models = [line.split(":", 1)[1].strip() for line in f
-                      if line.startswith("model name")]
-        info["cpu_model"] = models[0] if models else None
-    except OSError:
-        info["cpu_model"] = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal"):
-                    info["mem_total_gib"] = round(int(line.split()[1]) / 2 ** 20, 1)
-    except OSError:
-        pass
-    try:
-        import numpy as np  # pylint: disable=import-outside-toplevel
-        info["numpy"] = np.__version__
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        info["tensorflow"] = tf.__version__
-    except ImportError:
-        pass
-    try:
-        from importlib import metadata  # pylint: disable=import-outside-toplevel
-        info["tensorflow_estimator"] = metadata.version("tensorflow-estimator")
-    except Exception:  # pylint: disable=broad-except
-        info["tensorflow_estimator"] = None
-    info["loadavg"] = load_average()
-    return info
-
-
-def rss_mb():
-    """This process's resident memory in MB (VmRSS), or None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
-
-
-def load_average():
-    try:
-        return list(os.getloadavg())
-    except OSError:
-        return None
-
-
-def now_iso():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def write_json(obj, path):
-    """Writes ``obj`` to ``path`` atomically (see :func:`estimator_keras.io.atomic_file`)."""
-    io.makedirs(io.parent(os.path.abspath(path)))
-    with io.atomic_file(path) as f:
-        json.dump(obj, f, indent=2, default=_jsonable)
-
-
-def _jsonable(value):
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
-def fmt(value, digits=None):
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    if digits is not None:
-        return f"{value:,.{digits}f}"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 100:
-        return f"{value:,.1f}"
-    return f"{value:,.2f}"
-
-
-def format_table(result):
-    """A table result (dict) as text: rows with medians and ratios, then targets."""
-    lines = [f"== {result['table']}: {result.get('title', '')}"]
-    unit = result.get("unit", "")
-    rows = result.get("rows", [])
-    if rows:
-        columns = result.get("columns") or ["name", "median", "min", "max", "ratio"]
-        header = [c if c != "median" else f"median {unit}".strip() for c in columns]
-        table = [header]
-        for row in rows:
-            cells = []
-            for c in columns:
-                v = row.get(c)
-                if c in ("ratio", "ratio_best") and v is not None:
-                    cells.append(f"{v:.2f}x")
-                elif isinstance(v, float):
-                    cells.append(fmt(v, 4) if abs(v) < 1 else fmt(v))
-                elif v is None:
-                    cells.append("-")
-                else:
-                    cells.append(str(v))
-            if row.get("error"):
-                cells[-1] = f"{cells[-1]} ERROR: {row['error'][:80]}"
-            if row.get("not_measured"):
-                cells[-1] = f"{cells[-1]} not measured: {row['not_measured'][:80]}"
-            table.append(cells)
-        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-        for k, r in enumerate(table):
-            lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
-                                   for i, cell in enumerate(r)).rstrip())
-            if k == 0:
-                lines.append("  ".join("-" * w for w in widths))
-    for t in result.get("targets", []):
-        state = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
-        value = "-" if t["value"] is None else (f"{t['value']:.3f}" if abs(t["value"]) < 100
-                                                else f"{t['value']:,.0f}")
-        rounds = (f" [{len(t['rounds'])} rounds, min / median / max "
-                  f"{format_spread(t.get('spread'))}]" if t.get("rounds") else "")
-        lines.append(f"  target {t['id']}: {t['description']}: {value}{rounds} "
-                     f"(need {t['op']} {t['threshold']}) {state}"
-                     + (f": {t['why']}" if t.get("why") else ""))
-    for note in result.get("notes", []):
-        lines.append(f"  note: {note}")
-    return "\n".join(lines)

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import common
+from benchmarks import common, output
 
 TABLE = "embedding"
 TITLE = ("estimator engine, multi_worker_mirrored (chief + 1 worker): a 1,000,000 x 128 "
@@ -130,7 +130,7 @@ def run(settings):
     common.quiet_tensorflow()
     rows, steps, warmup = QUICK if settings.quick else (ROWS, STEPS, WARMUP)
     repeats = settings.repeats_for(3)
-    load_start = common.load_average()
+    load_start = output.load_average()
     samples = {mode: [] for mode in MODES}
     for k in range(repeats):
         for mode in (MODES if k % 2 == 0 else MODES[::-1]):
@@ -151,13 +151,13 @@ def run(settings):
     size_mb = rows * DIM * 4 / 2**20
     return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows_out,
             "columns": ["name", "median", "min", "max"], "targets": [],
-            "load_before": load_start, "load_after": common.load_average(),
+            "load_before": load_start, "load_after": output.load_average(),
             "notes": [
                 f"{rows:,} x {DIM} float32 table ({size_mb:,.0f} MB), {LOOKUPS} lookups per "
                 f"example, batch {BATCH} per worker, legacy SGD; {steps} steps a run, the rate "
                 f"from step {warmup}; {repeats} run(s) per way, alternating; network "
                 f"{', '.join(networks) or '-'}",
                 "sparse / dense steps/s per repeat: " + ", ".join(
-                    common.fmt_value(v) if v is not None else "-" for v in per_repeat),
-                "sparse / dense of the medians: " + common.fmt_value(common.ratio(
+                    output.fmt_value(v) if v is not None else "-" for v in per_repeat),
+                "sparse / dense of the medians: " + output.fmt_value(common.ratio(
                     rows_out[1]["median"], rows_out[0]["median"]))]}

@@ -40,7 +40,7 @@ capped, free heap memory handed back after each epoch).
 
 import time
 
-from benchmarks import cache_memory, common, legacy
+from benchmarks import cache_memory, common, legacy, output
 from benchmarks.common import IMAGE, LABEL, Variant
 
 TABLE = "input"
@@ -411,7 +411,7 @@ def run(settings, path=None, knobs=True):
     """Runs the table; returns its result dict."""
     common.quiet_tensorflow()
     path = path or common.dataset_path(settings)
-    load_start = common.load_average()
+    load_start = output.load_average()
     vs = variants(path, settings, knobs)
     m = common.run_alternating(vs, settings.repeats_for(7), TABLE, reference="default")
     rows = common.rows_from(vs, m, reference="default", unit="examples/s")
@@ -451,7 +451,7 @@ def run(settings, path=None, knobs=True):
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "startup_ms"],
             "targets": targets, "dataset": path, "memory": memory,
             "num_examples": common.dataset_info(path).num_examples,
-            "load_before": load_start, "load_after": common.load_average(),
+            "load_before": load_start, "load_after": output.load_average(),
             "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
                       "`default` windows before and after it; `default` runs after every 3 "
                       "other windows); targets use the same local ratios",
@@ -520,7 +520,7 @@ def memory_targets(memory):
                                      (f"{name}, TensorFlow's autotune budget",
                                       "with TensorFlow's autotune budget"))
         before = by_name.get(before_name, {})
-        beside = (f"; {before_label}: {common.fmt_value(before['growth'])}"
+        beside = (f"; {before_label}: {output.fmt_value(before['growth'])}"
                   if before.get("growth") is not None else "")
         targets.append(common.target(
             tid, f"{label}: RSS growth from epoch 2 to epoch "

@@ -12,7 +12,7 @@ run alongside, since a pipeline is best judged by the training it sustains.
 Windows alternate between all of them, as in the training table.
 """
 
-from benchmarks import common, training_table
+from benchmarks import common, output, training_table
 from benchmarks.common import IMAGE
 
 TABLE = "inputbound"
@@ -89,7 +89,7 @@ def run(settings, path=None, models=MODELS, knobs=True):
     common.quiet_tensorflow()
     path = path or common.dataset_path(settings)
     rows, targets = [], []
-    load_start = common.load_average()
+    load_start = output.load_average()
     for model_name in models:
         vs = variants(model_name, path, settings, knobs)
         repeats = settings.repeats_for(5 if model_name == "seed_cnn" else 7)
@@ -116,7 +116,7 @@ def run(settings, path=None, models=MODELS, knobs=True):
     return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "window_steps"],
             "targets": targets, "dataset": path, "load_before": load_start,
-            "load_after": common.load_average(),
+            "load_after": output.load_average(),
             "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
                       "`synthetic` windows of the same model before and after it)",
                       "ratio_best = best window / best `synthetic` window"]}

@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import accuracy_runs, common, training_table, turns
+from benchmarks import accuracy_runs, common, output, training_table, turns
 from benchmarks.common import IMAGE, LABEL, jax_python
 
 TABLE = "keras"
@@ -494,7 +494,7 @@ def run(settings, path=None, models=MODELS, keras3=True):
     np.savez(arrays_file, x=arrays[0], y=arrays[1])
     rows, targets, notes = [], [], []
     jax = jax_python(settings) if keras3 else None
-    load_start = common.load_average()
+    load_start = output.load_average()
     for model_name in models:
         vs = variants(model_name, path, settings, arrays, arrays_file, keras3, jax)
         repeats = settings.repeats_for(5 if model_name == "seed_cnn" else 7)
@@ -508,7 +508,7 @@ def run(settings, path=None, models=MODELS, keras3=True):
     return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "window_steps"],
             "targets": targets, "dataset": path, "tensorflow": tf.__version__,
-            "load_before": load_start, "load_after": common.load_average(),
+            "load_before": load_start, "load_after": output.load_average(),
             "notes": ["engines: the experiments' own evaluation cadence (fashion_mnist_mlp "
                       "2000 steps, fashion_mnist_cnn 469) and precision (seed_mlp float32, "
                       f"seed_cnn {experiment_policy('seed_cnn')} here); `best` peers: "

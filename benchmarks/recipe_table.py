@@ -19,7 +19,7 @@ float32): the ratio of the engine's time to the peer's, for the whole run
 and to the first evaluation at 0.91 test accuracy.
 """
 
-from benchmarks import accuracy_runs, accuracy_table, common
+from benchmarks import accuracy_runs, accuracy_table, common, output
 
 TABLE = "recipe"
 TITLE = ("fashion_mnist_cnn's own recipe: keras3 engine vs plain Keras 3 at its default and "
@@ -83,7 +83,7 @@ def run(settings):
     path = common.dataset_path(settings)
     train = registry.get(accuracy_runs.EXPERIMENT).config.train
     steps = 300 if settings.quick else train.max_steps
-    load_start = common.load_average()
+    load_start = output.load_average()
     fraction = train.eval_every_steps / train.max_steps
     every = round(steps * fraction)
     rows = accuracy_table.run_runs(path, settings, list(RUNS), steps, fraction,
@@ -97,7 +97,7 @@ def run(settings):
                         "steps_per_wall_s", "t091_s", "step_091", "final_accuracy",
                         "evaluations"],
             "targets": pair_targets(pairs), "steps": steps, "dataset": path,
-            "load_before": load_start, "load_after": common.load_average(),
+            "load_before": load_start, "load_after": output.load_average(),
             "notes": [f"{steps} steps, batch {train.batch_size}, the engine evaluating every "
                       f"{every} steps (the peer: every epoch), Adam {train.learning_rate} with "
                       f"a cosine decay" + (": the experiment's own settings"
@@ -107,5 +107,5 @@ def run(settings):
                                            f"{train.eval_every_steps})"), "wall_s and t091_s count a run's own turns only "
                       "(benchmarks.turns); ratios are engine / peer, below 1 the engine is "
                       "faster"] + [
-                f"{p['name']}: wall {common.fmt_value(p['wall_ratio'])}, to 0.91 "
-                f"{common.fmt_value(p['t091_ratio'])} ({p['description']})" for p in pairs]}
+                f"{p['name']}: wall {output.fmt_value(p['wall_ratio'])}, to 0.91 "
+                f"{output.fmt_value(p['t091_ratio'])} ({p['description']})" for p in pairs]}

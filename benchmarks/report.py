@@ -15,7 +15,7 @@ met only when every round meets it.
 import json
 import sys
 
-from benchmarks.common import fmt, fmt_value, format_spread
+from benchmarks.output import fmt, fmt_value, format_spread
 
 RATIO_COLUMNS = ("ratio", "ratio_best")
 STATE = {True: "**met**", False: "**not met**", None: "n/a"}

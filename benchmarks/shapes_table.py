@@ -13,7 +13,7 @@ import json
 import os
 import re
 
-from benchmarks import common
+from benchmarks import common, output
 
 TABLE = "shapes"
 TITLE = "shapes_unet with its default settings: mean IoU and pixel accuracy (test split)"
@@ -37,7 +37,7 @@ def run(settings, steps=None, examples=None):
     examples = examples or (400 if settings.quick else None)
     data = data_dir(settings)
     model_dir = os.path.join(settings.workdir, TABLE, "model")
-    load_start = common.load_average()
+    load_start = output.load_average()
     row = {"name": f"{EXPERIMENT} (defaults)" + (f", {steps} steps" if steps else "")}
     if not os.path.exists(os.path.join(data, "shapes", "dataset.json")):
         prepare = ["prepare", "shapes", "--data-dir", data]
@@ -80,6 +80,6 @@ def run(settings, steps=None, examples=None):
             "columns": ["name", "global_step", "mean_iou", "pixel_accuracy", "loss",
                         "steps_per_s", "train_s"],
             "targets": targets, "data_dir": data, "load_before": load_start,
-            "load_after": common.load_average(),
+            "load_after": output.load_average(),
             "notes": ["train_s: the whole `train` command (TensorFlow start, evaluations "
                       "and export included); steps_per_s: its progress lines' average"]}

@@ -27,7 +27,7 @@ import math
 import os
 import time
 
-from benchmarks import common, legacy
+from benchmarks import common, legacy, output
 from benchmarks.common import IMAGE, LABEL, Variant
 
 TABLE = "training"
@@ -372,7 +372,7 @@ def run(settings, path=None, models=MODELS, threads=True):
     path = path or common.dataset_path(settings)
     arrays = common.load_arrays(path, "train")
     rows, targets = [], []
-    load_start = common.load_average()
+    load_start = output.load_average()
     for model_name in models:
         vs = variants(model_name, path, settings, arrays, threads)
         repeats = settings.repeats_for(5 if model_name == "seed_cnn" else 7)
@@ -408,7 +408,7 @@ def run(settings, path=None, models=MODELS, threads=True):
     return {"table": TABLE, "title": TITLE, "unit": "steps/s", "rows": rows,
             "columns": ["name", "median", "min", "max", "ratio", "ratio_best", "window_steps"],
             "targets": targets, "dataset": path, "load_before": load_start,
-            "load_after": common.load_average(),
+            "load_after": output.load_average(),
             "notes": ["ratio = median over windows of (rate / mean rate of the nearest "
                       "`estimator` windows of the same model before and after it; the "
                       "estimator runs after every 3 other windows); targets use the same "

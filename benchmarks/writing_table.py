@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, output
 
 TABLE = "writing"
 TITLE = "writing records: examples/s, MB/s, peak RSS"
@@ -214,7 +214,7 @@ def run(settings, path=None, size=None):  # pylint: disable=unused-argument
             WriteVariant("prepare fashion_mnist workers=2", "prepare", None, 2, settings,
                          "the same with num_workers=2", group="real"),
         ]
-    load_start = common.load_average()
+    load_start = output.load_average()
     m = common.run_alternating(vs, repeats, TABLE)
     rows = common.rows_from(vs, m, reference=vs[0].name, unit="examples/s")
     by = {r["name"]: r for r in rows}
@@ -231,7 +231,7 @@ def run(settings, path=None, size=None):  # pylint: disable=unused-argument
             "columns": ["name", "median", "ratio", "mb_per_s", "write_s", "child_wall_s",
                         "peak_rss_self_mb", "peak_rss_workers_mb"],
             "targets": targets, "size": s, "load_before": load_start,
-            "load_after": common.load_average(),
+            "load_after": output.load_average(),
             "notes": ["examples/s and MB/s time the write_dataset/prepare call only; "
                       "child_wall_s adds Python + TensorFlow start (and, with workers, "
                       "their spawn and TensorFlow import)",

@@ -16,7 +16,8 @@ import sys
 import keras
 
 from estimator_keras import inputs
-from estimator_keras.engines import base, keras3
+from estimator_keras.engines import base
+from estimator_keras.engines.keras3 import engine as keras3
 from estimator_keras.engines.keras3 import checkpoints as ckpts
 from estimator_keras.engines.keras3 import resume as keras3_resume
 from estimator_keras.distribute.preemption import PreemptionWatch

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks import cache_memory, common, input_table, legacy, training_table, writing_table
+from benchmarks import (cache_memory, common, input_table, legacy, output, training_table,
+                        writing_table)
 from benchmarks.common import IMAGE, LABEL
 from support import child_env, keras3_installed
 
@@ -519,7 +520,7 @@ def test_cluster_table_reports_the_jax_rows_not_measured_without_jax(tiny, setti
     assert f"keras3 on JAX rows: not measured: {reason}" in result["notes"]
     markdown = report.table_markdown(result)
     assert markdown.count("(not measured: --python-jax") == 2, markdown
-    assert common.format_table(result).count("not measured: --python-jax") == 3
+    assert output.format_table(result).count("not measured: --python-jax") == 3
 
 
 def test_cluster_runs_put_the_jax_rows_on_the_keras3_engine(settings, monkeypatch):
@@ -667,7 +668,7 @@ def test_targets_and_formatting():
     assert common.target("a", "x", None, 1.0, why="crashed")["why"] == "not measured: crashed"
     assert common.target("a", "x", 0.3, 0.3, op="<=")["met"] is True
     assert common.target("a", "x", None, 1.0)["met"] is None
-    text = common.format_table({
+    text = output.format_table({
         "table": "t", "title": "demo", "unit": "u/s",
         "rows": [{"name": "a", "median": 1234.5, "min": 1000.0, "max": 1500.0, "ratio": 1.0}],
         "targets": [common.target("t.x", "a ratio", 1.0, 0.9)]})
@@ -676,12 +677,12 @@ def test_targets_and_formatting():
 
 def test_write_json_is_whole_or_not_at_all(tmp_path):
     path = tmp_path / "results" / "latest.json"
-    common.write_json({"tables": {"a": np.float32(1.5)}}, str(path))
+    output.write_json({"tables": {"a": np.float32(1.5)}}, str(path))
     assert json.loads(path.read_text()) == {"tables": {"a": 1.5}}
     circular = {"rows": [1, 2]}
     circular["rows"].append(circular)
     with pytest.raises(ValueError, match="[Cc]ircular"):
-        common.write_json({"tables": circular}, str(path))
+        output.write_json({"tables": circular}, str(path))
     assert json.loads(path.read_text()) == {"tables": {"a": 1.5}}
     assert os.listdir(path.parent) == ["latest.json"]  # no temporary file left
 
@@ -707,7 +708,7 @@ def test_a_target_is_met_only_when_every_round_meets_it():
 
     # The spread is printed: in the text tables and in the report.
     from benchmarks import report  # pylint: disable=import-outside-toplevel
-    text = common.format_table({"table": "keras", "rows": [], "targets": [swung, steady]})
+    text = output.format_table({"table": "keras", "rows": [], "targets": [swung, steady]})
     assert "[3 rounds, min / median / max 0.98 / 1.05 / 1.1]" in text and "NOT MET" in text
     lines = report.targets_markdown([swung, common.target("one", "single", 2.0, 1.0)])
     assert lines[0] == "| target | value | rounds: min / median / max | need | met | why |"

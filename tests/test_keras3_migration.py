@@ -31,7 +31,7 @@ _TRAIN = textwrap.dedent(f"""
     import tensorflow as tf
     from experiments import models
     from estimator_keras import checkpoints, inputs, records
-    from estimator_keras.engines import base
+    from estimator_keras.engines import base, model_dirs
     from estimator_keras.errors import ModelDirError, UsageError
 
     engine_name, out = sys.argv[1], sys.argv[2]
@@ -69,7 +69,7 @@ _TRAIN = textwrap.dedent(f"""
         open(os.path.join(keras3_dir, f"ckpt-{{step}}.weights.h5"), "wb").close()
     refusals = []
     for attempt in (lambda: engine.train(plan(keras3_dir)),
-                    lambda: checkpoints.latest_checkpoint(keras3_dir)):
+                    lambda: model_dirs.latest_tf_checkpoint(keras3_dir, engine_name)):
         try:
             attempt()
         except ModelDirError as e:

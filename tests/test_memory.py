@@ -16,7 +16,7 @@ from support import ROOT, child_env
 # heap's top; only a trim hands their pages back.
 _CHILD = r"""
 import ctypes, json, sys
-from benchmarks.common import rss_mb
+from benchmarks.output import rss_mb
 from estimator_keras import memory
 
 libc = ctypes.CDLL(None)
