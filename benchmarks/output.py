@@ -59,16 +59,22 @@ def machine_info():
     return info
 
 
-def rss_mb():
-    """This process's resident memory in MB (VmRSS), or None off Linux."""
+def proc_status_mb(field):
+    """A memory figure of this process in MB from /proc/self/status
+    ("VmRSS": resident now, "VmHWM": its peak), or None off Linux."""
     try:
-        with open("/proc/self/status") as f:
+        with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
     return None
+
+
+def rss_mb():
+    """This process's resident memory in MB (VmRSS), or None off Linux."""
+    return proc_status_mb("VmRSS")
 
 
 def load_average():

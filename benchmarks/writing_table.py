@@ -67,15 +67,6 @@ def _peak_rss_mb(kind):
     return resource.getrusage(kind).ru_maxrss / 1024.0
 
 
-def _vm_hwm_mb():
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
 
 
 def child_main(argv=None):
@@ -105,7 +96,7 @@ def child_main(argv=None):
         "rss_after_import_mb": baseline,
         "peak_rss_self_mb": _peak_rss_mb(resource.RUSAGE_SELF),
         "peak_rss_workers_mb": _peak_rss_mb(resource.RUSAGE_CHILDREN),
-        "vm_hwm_mb": _vm_hwm_mb()}))
+        "vm_hwm_mb": output.proc_status_mb("VmHWM")}))
     return 0
 
 
