@@ -71,6 +71,7 @@ setup(
     #   pip install -e '.[keras]'      TF 2.16-2.21 + tf-keras (keras engine)
     #   pip install -e '.[keras-cpu]' && pip install --no-deps "tf-keras~=2.21.0"
     #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
+    #   pip install -e '.[tune]'       Optuna for `tune` (samplers, pruners, shared studies)
     install_requires=["pyyaml"] + _job_requires(),
     extras_require={
         "cpu": _by_python(["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
@@ -83,8 +84,17 @@ setup(
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
-        # The benchmarks' PNG plots (python -m benchmarks, from a checkout).
-        "bench": ["matplotlib"],
+        # `tune` on this machine: Optuna (5.1 needs Python 3.10+), its CMA-ES
+        # (cmaes) and quasi-Monte Carlo (scipy) samplers, PostgreSQL's driver
+        # for shared studies, the study's plots; Katib's API models check
+        # `submit --target katib`'s Experiment.
+        "tune": ['optuna>=5.0,<6; python_version >= "3.10"',
+                 'optuna==5.0.*; python_version < "3.10"',
+                 "cmaes", "scipy", "matplotlib", "psycopg[binary]>=3.1",
+                 "kubeflow-katib-api==0.19.*"],
+        # The benchmarks' PNG plots (python -m benchmarks, from a checkout), and
+        # keras-tuner, the peer of the tuning table.
+        "bench": ["matplotlib", "keras-tuner"],
         # The documentation site: `mkdocs build --strict` / `mkdocs serve` from a checkout.
         # numpy: the build imports the CLI's parser and the config dataclasses
         # (no TensorFlow) to generate their reference pages.

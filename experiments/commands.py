@@ -18,7 +18,7 @@ from estimator_keras import engines, io, manifest
 from estimator_keras.cloud import jobenv
 from estimator_keras.engines.base import duration, format_metrics
 from estimator_keras.errors import UsageError
-from experiments import catalog, config_files, datasets, hparams, registry
+from experiments import catalog, config_files, datasets, evaluations, hparams, registry
 
 AIP_VARIABLES = ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
 
@@ -180,7 +180,9 @@ def cmd_train(args):
                          source_dir=args.source_dir, strategy=args.strategy,
                          engine=args.engine, skip_corrupt=args.skip_corrupt, export_dir=export_dir,
                          tensorboard_dir=tensorboard_dir, preemption_grace=args.preemption_grace,
-                         flat_export=flat, hypertune_metric=args.hypertune_metric)
+                         flat_export=flat, hypertune_metric=args.hypertune_metric,
+                         evaluations=evaluations.Recorder(args.evaluations_file,
+                                                          args.print_evaluations))
     if result.metrics:
         print(f"final metrics: {format_metrics(result.metrics)} "
               f"({describe_evaluation(result.evaluated)})")

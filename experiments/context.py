@@ -180,6 +180,8 @@ class RunContext:
       data: the dataset's :class:`~experiments.data_info.DataInfo`.
       flat_export: the final export in Vertex's layout (SavedModel at the root).
       hypertune_metric: a tuning trial's metric, reported to Vertex at the end.
+      evaluations: where each evaluation is recorded as it happens (an
+        :class:`experiments.evaluations.Recorder`; None: nowhere).
       changed: the model or data settings this run changes in a model dir
         with checkpoints (see :mod:`experiments.config_files`).
     """
@@ -207,13 +209,14 @@ class RunContext:
     data: object = None
     flat_export: bool = False
     hypertune_metric: str = None
+    evaluations: object = None
     changed: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def build(cls, experiment, config, *, model_dir, data_dir, source_dir=None,
               strategy="auto", engine="auto", skip_corrupt=False, prepare_workers=1,
               export_dir=None, tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS,
-              flat_export=False, hypertune_metric=None):
+              flat_export=False, hypertune_metric=None, evaluations=None):
         engine_name = engine_for(engine, model_dir)
         # A strategy the engine never runs is refused before choose_strategy
         # asks the cluster for what that strategy needs (ps tasks...).
@@ -274,7 +277,8 @@ class RunContext:
                    train_fn=train_fn, eval_fn=eval_fn, probe=probe, skip_corrupt=skip_corrupt,
                    start_step=start_step, seed=seed, policy=policy, policy_reason=policy_reason,
                    preemption_grace=preemption_grace, data=data, flat_export=flat_export,
-                   hypertune_metric=hypertune_metric, changed=changed)
+                   hypertune_metric=hypertune_metric, evaluations=evaluations,
+                   changed=changed)
 
     @property
     def group(self):

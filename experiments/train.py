@@ -176,6 +176,8 @@ class Runner:
 
     def _on_evaluation(self, checkpoint, metrics):
         ctx = self.ctx
+        if ctx.evaluations:
+            ctx.evaluations.record(metrics)
         if self.best is not None:
             if self.best.consider(checkpoint, metrics):
                 ctx.log(f"best {ctx.config.best_metric} so far "
@@ -254,7 +256,7 @@ def export_metadata(config, engine, dataset_path, metrics):
 def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
           engine="auto", skip_corrupt=False, prepare_workers=1, export_dir=None,
           tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS, flat_export=False,
-          hypertune_metric=None):
+          hypertune_metric=None, evaluations=None):
     """Runs the experiment: prepare data if missing, train and evaluate,
     export (chief only). Works locally and as any task of a TF_CONFIG cluster.
 
@@ -266,7 +268,9 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     (default: the model dir). SIGTERM or SIGINT saves the current step within
     ``preemption_grace`` seconds and raises Preempted. ``flat_export`` writes
     the export in Vertex's layout; ``hypertune_metric`` reports that metric
-    to Vertex's tuning service at the end.
+    to Vertex's tuning service at the end; ``evaluations`` (an
+    :class:`experiments.evaluations.Recorder`) records each evaluation as it
+    happens.
 
     Raises:
       Preempted: training stopped on a signal; rerunning resumes.
@@ -277,7 +281,7 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
                            skip_corrupt=skip_corrupt, prepare_workers=prepare_workers,
                            export_dir=export_dir, tensorboard_dir=tensorboard_dir,
                            preemption_grace=preemption_grace, flat_export=flat_export,
-                           hypertune_metric=hypertune_metric)
+                           hypertune_metric=hypertune_metric, evaluations=evaluations)
     metrics, exported = Runner(ctx).run()
     step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
     evaluated = None

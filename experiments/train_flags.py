@@ -76,6 +76,12 @@ def add_train_flags(parser, exclude=()):
         help="run as a tuning service's trial: extra --name=value arguments become --hparams")
     add("--hypertune-metric", metavar="METRIC",
         help="report this eval metric to Vertex AI's tuning service at the end")
+    add("--evaluations-file", metavar="FILE",
+        help="keep each evaluation as a JSON line {step, time, metrics} in FILE as it happens "
+             "(what tune's pruners read)")
+    add("--print-evaluations", action="store_true",
+        help="print each evaluation as name=value pairs on stdout (Katib's StdOut metrics "
+             "collector reads them)")
     add("--preemption-grace", type=float, default=DEFAULT_GRACE_SECS, metavar="S",
         help="on SIGTERM or SIGINT, save the current step and exit 75 within S seconds "
              f"(default {DEFAULT_GRACE_SECS:g})")

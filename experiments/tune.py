@@ -1,63 +1,67 @@
-"""Local hyperparameter tuning: a study of ``train`` trials on this machine.
+"""Local hyperparameter tuning: an Optuna study whose trials are ``train`` runs.
 
-:func:`run_study` runs each trial as ``python -m experiments train NAME
---model-dir DIR/trial-N --hparams ...`` in a process group of its own, at most
-``parallel`` at a time, each bounded by a timeout after which it gets SIGTERM
-(the trainer saves a checkpoint) and, after a grace period (train's
-``--preemption-grace`` default and a margin), SIGKILL -- always by
-the PID it was started with. A trial's result is read from its
-``DIR/trial-N/export/export.json`` (``metrics``, ``global_step``), never from
-its log (``DIR/trial-N/train.log``).
+:func:`run_study` asks the study (:mod:`experiments.studies`) for trials and
+runs each as ``python -m experiments train NAME --model-dir DIR/trial-N
+--hparams ... --evaluations-file DIR/trial-N/evaluations.jsonl`` in a process
+group of its own, at most ``parallel`` at a time. While a trial trains, each
+evaluation it records is reported to the study; when the pruner
+(:func:`experiments.search.pruner`) says so, the trial gets SIGTERM, saves its
+checkpoint and is told pruned at that step. A trial still running after
+``trial_timeout_s`` is ended the same way and told failed ("timeout"); SIGKILL
+follows the grace period (train's ``--preemption-grace`` and a margin), always
+by the PID the trial was started with, and a trial never outlives its
+``tune`` (it dies with it, ``PR_SET_PDEATHSIG``). A finished trial's metric
+is read from its ``export/export.json``, never from its log
+(``DIR/trial-N/train.log``).
 
-After every change the table is written atomically to ``DIR/trials.json``
-(the study's definition and every trial) and ``DIR/trials.csv``. Run the same
-command again and the study resumes: finished trials (succeeded, failed,
-timed out) stay as they are, interrupted and missing ones run, each in its own
-model dir (an interrupted trial continues from its checkpoint). A failed trial
-is recorded and the study goes on. SIGTERM, SIGINT or SIGHUP stop the study:
-its running trials are ended as above and recorded as interrupted, and
-:class:`~estimator_keras.errors.Preempted` is raised.
+Several ``tune`` commands on one storage share the study: each asks for
+trials until the study holds ``--trials`` of them, so no trial runs twice. A
+SIGTERM, SIGINT or SIGHUP stops this command: its running trials are ended as
+above and put back in the study's queue (Optuna's WAITING state), so the same
+command run again (here, or any worker of the study) continues each from its
+checkpoint; :class:`~estimator_keras.errors.Preempted` (exit 75) is raised.
 
-Trial values come from :meth:`~estimator_keras.cloud.space.SearchSpace.trial_values`:
-for a given seed, trial N always gets the same values.
+After every change the table of the whole study is written atomically to
+``DIR/trials.json`` and ``DIR/trials.csv``; at the end the plots
+(:mod:`experiments.tune_plots`) and a copy of the best trial's export in
+``DIR/best``.
 
 Example::
 
     study = space.Study(space.load_space("space.yaml"), metric="accuracy",
-                        algorithm="random", max_trials=8, parallel_trials=2)
+                        max_trials=8, parallel_trials=2)
     result = run_study(StudyConfig("fashion_mnist_mlp", study, "runs/tune",
-                                   train_args=["--max-steps", "500"]))
+                                   algorithm="tpe", pruner="hyperband",
+                                   train_args=["--max-steps", "1500"]))
     print(result.best.trial, result.best.metric)
 """
 
-import csv
 import dataclasses
-import io as text_io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Dict, List, Optional
 
 from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
-from estimator_keras.distribute.launcher import PREEMPTION_MARGIN, signal_group
-from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.distribute import netns
+from estimator_keras.distribute.launcher import signal_group
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
+from experiments import evaluations, search, studies, tune_config
+from experiments.tune_config import StudyConfig
+from experiments.tune_table import (TRIALS_CSV, Trial, best_trial, copy_best, row, rows,
+                                    trial_dir, write_table)
 
-TRIALS_JSON = "trials.json"
-TRIALS_CSV = "trials.csv"
 TRIAL_LOG = "train.log"
+EVALUATIONS = "evaluations.jsonl"
 EXPORT_INFO = os.path.join("export", "export.json")
 
-FINISHED = ("succeeded", "failed", "timeout")
-DEFAULT_TRIAL_TIMEOUT_S = 3600.0
-# What a trial's `train` takes to save a checkpoint on SIGTERM, as the cluster
-# launcher allows it.
-DEFAULT_GRACE_S = DEFAULT_GRACE_SECS + PREEMPTION_MARGIN
 _POLL_S = 0.5
 # Variables that would send a trial somewhere else than its own model dir.
 _DROPPED_ENV = ("TF_CONFIG", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR",
@@ -70,72 +74,6 @@ def say(message):
 
 
 @dataclasses.dataclass
-class StudyConfig:
-    """A local study.
-
-    Attributes:
-      experiment: the experiment NAME every trial trains.
-      study: the space, metric, goal, algorithm, trial count and parallelism.
-      model_dir: the study's folder: ``trials.json``, ``trials.csv`` and one
-        ``trial-N`` model dir per trial.
-      train_args: flags every trial's ``train`` gets (``--data-dir``,
-        ``--max-steps``...); must not hold ``--model-dir`` or ``--hparams``.
-      fixed_hparams: ``--hparams`` shared by every trial (``k=v,...``); the
-        space's keys must not repeat them.
-      seed: seeds the trial values (random search).
-      trial_timeout_s: a trial still running after this long is ended.
-      grace_s: between SIGTERM and SIGKILL when a trial is ended.
-      retry_failed: run failed and timed-out trials again.
-      prepare_command: run once before the trials when given (``python -m
-        experiments prepare ...``): parallel trials must not each prepare
-        the same missing dataset.
-      python: the interpreter that runs the trials.
-    """
-
-    experiment: str
-    study: space_lib.Study
-    model_dir: str
-    train_args: List[str] = dataclasses.field(default_factory=list)
-    fixed_hparams: str = ""
-    seed: int = 0
-    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
-    grace_s: float = DEFAULT_GRACE_S
-    retry_failed: bool = False
-    prepare_command: Optional[List[str]] = None
-    python: str = sys.executable
-
-    @property
-    def algorithm(self) -> str:
-        return self.study.algorithm or "random"
-
-    def definition(self) -> Dict[str, object]:
-        """What makes two runs the same study (the trial count may grow)."""
-        return {"experiment": self.experiment, "space": self.study.space.to_dict(),
-                "algorithm": self.algorithm, "seed": self.seed, "metric": self.study.metric,
-                "goal": self.study.resolved_goal, "fixed_hparams": self.fixed_hparams,
-                "train_args": list(self.train_args)}
-
-
-@dataclasses.dataclass
-class Trial:
-    """One row of the table."""
-
-    trial: int
-    hparams: Dict[str, object]
-    status: str = "pending"
-    metric: Optional[float] = None
-    steps: Optional[int] = None
-    wall_time_s: Optional[float] = None
-    model_dir: str = ""
-    export_dir: Optional[str] = None
-    message: Optional[str] = None
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED
-
-
-@dataclasses.dataclass
 class StudyResult:
     """The table after a run; ``best`` is None when no trial succeeded."""
 
@@ -144,100 +82,20 @@ class StudyResult:
     best: Optional[Trial]
 
 
-def trial_dir(study_dir: str, trial: int) -> str:
-    return io.join(study_dir, "trial-%d" % trial)
-
-
-def _check_train_args(config: StudyConfig) -> None:
-    for arg in config.train_args:
-        flag = arg.split("=", 1)[0]
-        if flag in ("--model-dir", "--hparams"):
-            raise ConfigError("tune: %s is set per trial (--model-dir DIR/trial-N, "
-                              "--hparams from the space and tune's --hparams); do not pass "
-                              "it in the train flags." % flag)
-    fixed = {item.split("=", 1)[0].strip()
-             for item in config.fixed_hparams.split(",") if "=" in item}
-    both = sorted(fixed & set(config.study.space.names))
-    if both:
-        raise ConfigError("tune: %s is both in --hparams and in the search space %s; "
-                          "give it in one of them." % (", ".join(both),
-                                                       config.study.space.source))
-
-
-def _load_table(config: StudyConfig) -> Dict[int, Trial]:
-    path = io.join(config.model_dir, TRIALS_JSON)
-    if not io.exists(path):
-        return {}
-    try:
-        saved = json.loads(io.read_text(path))
-        recorded, rows = saved["study"], saved["trials"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError("tune: %s is not a study table this command wrote (%s); use "
-                          "another --model-dir." % (path, e)) from e
-    current = json.loads(json.dumps(config.definition()))
-    differ = sorted(k for k in set(current) | set(recorded) if current.get(k) != recorded.get(k))
-    if differ:
-        raise ConfigError(
-            "tune: %s holds another study (its %s differ from this command's); resume it "
-            "with the same NAME, space and flags, or use another --model-dir."
-            % (config.model_dir, ", ".join(differ)))
-    fields = {f.name for f in dataclasses.fields(Trial)}
-    return {row["trial"]: Trial(**{k: v for k, v in row.items() if k in fields})
-            for row in rows}
-
-
-def best_trial(trials: List[Trial], goal: str) -> Optional[Trial]:
-    done = [t for t in trials if t.status == "succeeded" and t.metric is not None]
-    if not done:
-        return None
-    sign = 1 if goal == "max" else -1
-    return max(done, key=lambda t: (sign * t.metric, -t.trial))
-
-
-def write_table(config: StudyConfig, trials: List[Trial]) -> None:
-    """``trials.json`` and ``trials.csv``, each written atomically."""
-    ordered = sorted(trials, key=lambda t: t.trial)
-    best = best_trial(ordered, config.study.resolved_goal)
-    io.makedirs(config.model_dir)
-    io.atomic_write(io.join(config.model_dir, TRIALS_JSON), json.dumps(
-        {"study": config.definition(), "best": best.trial if best else None,
-         "trials": [dataclasses.asdict(t) for t in ordered]}, indent=2) + "\n")
-    names = config.study.space.names
-    out = text_io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["trial", "status", config.study.metric, "steps", "wall_time_s"]
-                    + names + ["export_dir"])
-    for t in ordered:
-        writer.writerow([t.trial, t.status, "" if t.metric is None else "%.6g" % t.metric,
-                         "" if t.steps is None else t.steps,
-                         "" if t.wall_time_s is None else "%.1f" % t.wall_time_s]
-                        + [space_lib.format_value(t.hparams[n]) if n in t.hparams else ""
-                           for n in names] + [t.export_dir or ""])
-    io.atomic_write(io.join(config.model_dir, TRIALS_CSV), out.getvalue())
-
-
-def _trial_command(config: StudyConfig, trial: Trial) -> List[str]:
-    values = ",".join("%s=%s" % (k, space_lib.format_value(v)) for k, v in trial.hparams.items())
+def _trial_command(config: StudyConfig, number: int, params: Dict[str, object]) -> List[str]:
+    values = ",".join("%s=%s" % (k, space_lib.format_value(params[k]))
+                      for k in config.study.space.names)
     hparams = ",".join(p for p in (config.fixed_hparams.strip(","), values) if p)
+    folder = trial_dir(config.model_dir, number)
     return ([config.python, "-m", "experiments", "train", config.experiment,
-             "--model-dir", trial.model_dir, "--hparams", hparams] + list(config.train_args))
+             "--model-dir", folder, "--hparams", hparams,
+             "--evaluations-file", io.join(folder, EVALUATIONS)] + list(config.train_args))
 
 
 def _child_env() -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
-
-
-def _end(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM to the trial's process group, SIGKILL after ``grace_s``."""
-    signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _last_line(path: str) -> str:
@@ -248,113 +106,336 @@ def _last_line(path: str) -> str:
     return lines[-1][:500] if lines else ""
 
 
-def _read_result(trial: Trial, metric: str) -> None:
-    """Fills metric, steps and export_dir from the trial's export.json."""
-    path = io.join(trial.model_dir, EXPORT_INFO)
+def _read_result(folder: str, metric: str):
+    """(metric, steps, export dir) from a trial's export.json, or a message."""
+    path = io.join(folder, EXPORT_INFO)
     try:
         info = json.loads(io.read_text(path))
     except (OSError, ValueError) as e:
-        trial.status, trial.message = "failed", "no readable %s: %s" % (path, e)
-        return
+        return None, "no readable %s: %s" % (path, e)
     metrics = info.get("metrics") or {}
     if metric not in metrics:
-        trial.status = "failed"
-        trial.message = "%s has no metric %r; its metrics: %s" % (
+        return None, "%s has no metric %r; its metrics: %s" % (
             path, metric, ", ".join(sorted(metrics)) or "none")
-        return
-    trial.status, trial.metric = "succeeded", float(metrics[metric])
     step = info.get("global_step", metrics.get("global_step"))
-    trial.steps = int(step) if step is not None else None
-    trial.export_dir = io.parent(path)
+    return (float(metrics[metric]), int(step) if step is not None else None,
+            io.parent(path)), None
+
+
+def _describe(hparams: Dict[str, object]) -> str:
+    return ", ".join("%s=%s" % (k, space_lib.format_value(v)) for k, v in hparams.items())
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return "%.0f s" % seconds
+    if seconds < 5400:
+        return "%.0f min" % (seconds / 60)
+    return "%.1f h" % (seconds / 3600)
+
+
+@dataclasses.dataclass
+class _Running:
+    """A trial this command is running."""
+
+    trial: object  # optuna.Trial
+    trial_id: int
+    proc: subprocess.Popen
+    started: float
+    log: object
+    folder: str
+    reported: set
+    beat: float = 0.0
+    ending: Optional[str] = None  # "pruned" or "timeout" once SIGTERM is sent
+    deadline: float = 0.0
+    pruned_at: Optional[int] = None
 
 
 class _Runner:
     """The scheduling loop; one per :func:`run_study` call."""
 
-    def __init__(self, config: StudyConfig, trials: Dict[int, Trial]):
+    def __init__(self, config: StudyConfig, study, storage):
         self.config = config
-        self.trials = trials
-        self.running: Dict[int, tuple] = {}
+        self.study = study
+        self.storage = storage
+        self.heartbeat = studies.heartbeat_enabled(storage)
+        self.running: Dict[int, _Running] = {}
         self.stop_signal: Optional[int] = None
+        self.finished_here: List[float] = []
+        self.worker = "%s:%d" % (socket.gethostname(), os.getpid())
+        self.last_stale_check = 0.0
+        self.preexec = netns.die_with_parent()
 
     def on_signal(self, signum, frame):  # pylint: disable=unused-argument
         self.stop_signal = signum
 
     def save(self) -> None:
-        write_table(self.config, list(self.trials.values()))
+        write_table(self.config, rows(self.study, self.config.model_dir))
 
-    def start(self, trial: Trial) -> None:
-        io.makedirs(trial.model_dir)
-        log = io.open_file(io.join(trial.model_dir, TRIAL_LOG), "ab")
-        log.write(("$ %s\n" % " ".join(_trial_command(self.config, trial))).encode())
+    # -- asking
+
+    def _next(self):
+        """A trial to run now, or None when the study needs none from here."""
+        trials = self.study.get_trials(deepcopy=False)
+        waiting = any(t.state.name == "WAITING" for t in trials)
+        originals = sum(1 for t in trials if studies.retried_number(t) is None)
+        if not waiting and originals >= self.config.study.max_trials:
+            return None
+        if self.config.seed is not None and self.config.algorithm not in ("qmc", "grid"):
+            # Seeded by the study's length, not once: a resumed study draws
+            # new values, and one command's study stays repeatable. (QMC and
+            # the grid keep their place in the study itself.)
+            self.study.sampler = search.sampler(
+                self.config.study.space, self.config.algorithm,
+                search.derived_seed(self.config.seed, len(trials)),
+                self.config.study.parallel_trials)
+        with warnings.catch_warnings():
+            # Optuna says the heartbeat is meant for Study.optimize; this loop
+            # records it itself (see _beat).
+            warnings.simplefilter("ignore")
+            trial = self.study.ask(search.distributions(self.config.study.space))
+        frozen = self.study.trials[trial.number]
+        if (studies.retried_number(frozen) is None and studies.originals_before(
+                self.study.get_trials(deepcopy=False), trial.number)
+                >= self.config.study.max_trials):
+            trial.set_user_attr(studies.SURPLUS_ATTR, True)
+            self.study.tell(trial, state=_state("FAIL"))
+            return None
+        return trial
+
+    def can_ask(self) -> bool:
+        trials = self.study.get_trials(deepcopy=False)
+        if any(t.state.name == "WAITING" for t in trials):
+            return True
+        return (sum(1 for t in trials if studies.retried_number(t) is None)
+                < self.config.study.max_trials)
+
+    def others_running(self) -> int:
+        """Trials other workers run (this one waits for them, with a heartbeat:
+        one whose worker dies is retried, maybe here)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.state.name == "RUNNING" and t.number not in self.running)
+
+    def start(self, trial) -> None:
+        folder = trial_dir(self.config.model_dir, trial.number)
+        io.makedirs(folder)
+        frozen = self.study.trials[trial.number]
+        resumed = " (resumed)" if frozen.user_attrs.get("status") == "interrupted" else ""
+        for key, value in (("model_dir", folder), ("worker", self.worker),
+                           ("status", "running")):
+            trial.set_user_attr(key, value)
+        command = _trial_command(self.config, trial.number, trial.params)
+        log = io.open_file(io.join(folder, TRIAL_LOG), "ab")
+        log.write(("$ %s\n" % " ".join(command)).encode())
         log.flush()
-        proc = subprocess.Popen(_trial_command(self.config, trial), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_child_env(), start_new_session=True)
-        self.running[trial.trial] = (proc, time.monotonic(), log)
-        trial.status, trial.message, trial.metric, trial.export_dir = "running", None, None, None
-        say("trial %d started (pid %d): %s -> %s" % (
-            trial.trial, proc.pid, _describe(trial.hparams), trial.model_dir))
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=_child_env(),
+                                start_new_session=True, preexec_fn=self.preexec)
+        reported = set(frozen.intermediate_values)
+        tid = studies.trial_id(self.storage, self.study, trial.number)
+        self.running[trial.number] = _Running(trial, tid, proc, time.monotonic(), log, folder,
+                                              reported)
+        say("trial %d started%s (pid %d): %s -> %s" % (
+            trial.number, resumed, proc.pid, _describe(trial.params), folder))
         self.save()
 
-    def finish(self, number: int, status: Optional[str] = None) -> None:
-        proc, started, log = self.running.pop(number)
-        log.close()
-        trial = self.trials[number]
-        trial.wall_time_s = round(time.monotonic() - started, 1)
-        if status is not None:
-            trial.status = status
-            trial.message = ("ended after the %.0f s --trial-timeout" % self.config.trial_timeout_s
-                             if status == "timeout" else "the study was stopped")
-        elif proc.returncode == 0:
-            _read_result(trial, self.config.study.metric)
-        elif proc.returncode == Preempted.exit_code:
-            # Stopped from outside after saving a checkpoint: not finished, a
-            # resumed study runs it again from there.
-            trial.status, trial.message = "interrupted", "the trial was preempted (exit 75)"
-        else:
-            trial.status = "failed"
-            trial.message = "exit %d: %s" % (proc.returncode, _last_line(
-                io.join(trial.model_dir, TRIAL_LOG)))
-        if trial.status == "succeeded":
-            say("trial %d succeeded in %.0f s: %s %.4f at step %s" % (
-                number, trial.wall_time_s, self.config.study.metric, trial.metric, trial.steps))
-        else:
-            say("trial %d %s after %.0f s: %s" % (number, trial.status, trial.wall_time_s,
-                                                  trial.message))
+    # -- watching
+
+    def _beat(self, run: _Running, now: float) -> None:
+        if self.heartbeat and now - run.beat >= self.config.heartbeat_s / 2.0:
+            self.storage.record_heartbeat(run.trial_id)
+            run.beat = now
+
+    def _report(self, run: _Running) -> None:
+        """Hands the trial's new evaluations to the study; SIGTERM when the
+        pruner says stop."""
+        metric = self.config.study.metric
+        new = False
+        try:
+            recorded = evaluations.read(io.join(run.folder, EVALUATIONS))
+        except ConfigError as e:
+            say("trial %d: %s" % (run.trial.number, e))
+            return
+        for evaluation in recorded:
+            if evaluation.step in run.reported or metric not in evaluation.metrics:
+                continue
+            run.trial.report(evaluation.metrics[metric], evaluation.step)
+            run.reported.add(evaluation.step)
+            new = True
+        if new and run.ending is None and self.config.pruner != "none" \
+                and run.trial.should_prune():
+            run.pruned_at = max(run.reported)
+            self._end(run, "pruned")
+
+    def _end(self, run: _Running, why: str) -> None:
+        signal_group(run.proc.pid, signal.SIGTERM)
+        run.ending, run.deadline = why, time.monotonic() + self.config.grace_s
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        for number, run in list(self.running.items()):
+            self._beat(run, now)
+            if run.proc.poll() is None:
+                if run.ending is None:
+                    self._report(run)
+                    if run.ending is None and now - run.started > self.config.trial_timeout_s:
+                        self._end(run, "timeout")
+                elif now > run.deadline:
+                    signal_group(run.proc.pid, signal.SIGKILL)
+                    run.proc.wait()
+                if run.proc.poll() is None:
+                    continue
+            self.finish(number)
+
+    # -- finishing
+
+    def _progress(self, trial: Trial) -> str:
+        table = rows(self.study, self.config.model_dir)
+        best = best_trial(table, self.config.study.resolved_goal)
+        finished = sum(1 for t in table if t.finished)
+        left = max(0, self.config.study.max_trials - finished)
+        parts = ["trial %d %s" % (trial.trial, trial.status)]
+        if trial.status == "pruned":
+            parts[0] += " at step %d" % trial.pruned_at
+        if trial.metric is not None:
+            parts.append("%s %.4f" % (self.config.study.metric, trial.metric))
+        elif trial.message:
+            parts.append(trial.message)
+        parts.append(_describe(trial.hparams))
+        parts.append("best %s" % ("%.4f (trial %d)" % (best.metric, best.trial) if best
+                                  else "none yet"))
+        parts.append("%d of %d finished" % (finished, self.config.study.max_trials))
+        if left and self.finished_here:
+            mean = sum(self.finished_here) / len(self.finished_here)
+            parts.append("about %s left" % _duration(
+                mean * left / max(1, self.config.study.parallel_trials)))
+        return " · ".join(parts)
+
+    def finish(self, number: int, interrupted: bool = False) -> None:
+        run = self.running.pop(number)
+        run.log.close()
+        try:
+            self._finish(number, run, interrupted)
+        except search.optuna().exceptions.UpdateFinishedTrialError:
+            # Its heartbeat lapsed (this command stalled) and another worker
+            # failed it and queued its retry.
+            say("trial %d was already marked failed by another worker of the study (no "
+                "heartbeat in time); its retry stands in for it" % number)
         self.save()
 
-    def loop(self, todo: List[Trial]) -> None:
+    def _finish(self, number: int, run: "_Running", interrupted: bool) -> None:
+        trial, code = run.trial, run.proc.returncode
+        wall = round(time.monotonic() - run.started, 1)
+        trial.set_user_attr("wall_time_s", wall)
+        if interrupted or (code == Preempted.exit_code and run.ending is None):
+            # Stopped after saving a checkpoint: back in the queue, resumed by
+            # whichever worker asks next.
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("message", "stopped by a signal; resumes from its checkpoint")
+            try:
+                self.storage.set_trial_state_values(run.trial_id, _state("WAITING"))
+            except Exception as e:  # pylint: disable=broad-except
+                say("trial %d could not be put back in the queue: %s" % (number, e))
+            say("trial %d interrupted after %.0f s; it resumes from its checkpoint"
+                % (number, wall))
+            return
+        self.finished_here.append(wall)
+        if run.ending == "pruned":
+            trial.set_user_attr("status", "pruned")
+            trial.set_user_attr("pruned_at", run.pruned_at)
+            trial.set_user_attr("steps", run.pruned_at)
+            trial.set_user_attr("message", "pruned at step %d" % run.pruned_at)
+            self.study.tell(trial, state=_state("PRUNED"))
+        elif run.ending == "timeout":
+            trial.set_user_attr("status", "timeout")
+            trial.set_user_attr("message", "ended after the %.0f s --trial-timeout"
+                                % self.config.trial_timeout_s)
+            self.study.tell(trial, state=_state("FAIL"))
+        elif code == 0:
+            result, message = _read_result(run.folder, self.config.study.metric)
+            if result is None:
+                self._fail(trial, message)
+            else:
+                value, steps, export_dir = result
+                if steps is not None and steps not in run.reported:
+                    trial.report(value, steps)
+                trial.set_user_attr("steps", steps)
+                trial.set_user_attr("export_dir", export_dir)
+                trial.set_user_attr("status", "succeeded")
+                self.study.tell(trial, value)
+        else:
+            self._fail(trial, "exit %d: %s" % (code, _last_line(io.join(run.folder,
+                                                                         TRIAL_LOG))))
+        say(self._progress(row(self.study.trials[number], self.config.model_dir)))
+
+    def _fail(self, trial, message: str) -> None:
+        trial.set_user_attr("status", "failed")
+        trial.set_user_attr("message", message)
+        self.study.tell(trial, state=_state("FAIL"))
+
+    # -- the loop
+
+    def loop(self) -> None:
         parallel = self.config.study.parallel_trials
-        while (todo or self.running) and self.stop_signal is None:
-            while todo and len(self.running) < parallel and self.stop_signal is None:
-                self.start(todo.pop(0))
-            for number, (proc, started, _) in list(self.running.items()):
-                if proc.poll() is not None:
-                    self.finish(number)
-                elif time.monotonic() - started > self.config.trial_timeout_s:
-                    _end(proc, self.config.grace_s)
-                    self.finish(number, "timeout")
+        waiting_said = False
+        while self.stop_signal is None:
+            if self.heartbeat and time.monotonic() - self.last_stale_check >= min(
+                    self.config.heartbeat_s, 30):
+                studies.fail_stale(self.study)
+                self.last_stale_check = time.monotonic()
+            while (len(self.running) < parallel and self.stop_signal is None
+                   and self.can_ask()):
+                trial = self._next()
+                if trial is None:
+                    break
+                self.start(trial)
+            self.poll()
+            if not self.running and not self.can_ask():
+                others = self.others_running() if self.heartbeat else 0
+                if not others:
+                    break
+                if not waiting_said:
+                    say("waiting for the %d trial%s other workers run (one whose worker dies "
+                        "is retried)" % (others, "" if others == 1 else "s"))
+                    waiting_said = True
             time.sleep(_POLL_S)
 
     def stop(self) -> None:
-        """Ends every running trial (SIGTERM, then SIGKILL after the grace)."""
-        for proc, _, _ in self.running.values():
-            signal_group(proc.pid, signal.SIGTERM)
+        """Ends every running trial (SIGTERM, then SIGKILL after the grace)
+        and puts it back in the queue."""
+        for run in self.running.values():
+            if run.ending is None:
+                signal_group(run.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.grace_s
-        for number in list(self.running):
-            proc = self.running[number][0]
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-            self.finish(number, "interrupted")
+        while self.running:
+            now = time.monotonic()
+            for number, run in list(self.running.items()):
+                self._beat(run, now)
+                if run.proc.poll() is None and now > deadline:
+                    signal_group(run.proc.pid, signal.SIGKILL)
+                    run.proc.wait()
+                if run.proc.poll() is not None:
+                    self.finish(number, interrupted=run.ending is None)
+            time.sleep(0.1)
 
 
-def _describe(hparams: Dict[str, object]) -> str:
-    return ", ".join("%s=%s" % (k, space_lib.format_value(v)) for k, v in hparams.items())
+def _state(name: str):
+    return getattr(search.optuna().trial.TrialState, name)
+
+
+def _retry_failed(study, config: StudyConfig) -> None:
+    """Queues each failed or timed-out original trial again, with the same
+    values; the retry takes its place among the study's trials."""
+    trials = study.get_trials(deepcopy=False)
+    done = studies.replaced(trials)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        retry = studies.retry_callback(max_retry=None)
+        for t in trials:
+            if (t.state.name == "FAIL" and not studies.is_surplus(t) and t.number not in done
+                    and t.user_attrs.get("status") in ("failed", "timeout")):
+                retry(study, t)
+                say("trial %d (%s) queued again" % (t.number, t.user_attrs.get("status")))
 
 
 def _prepare(config: StudyConfig) -> None:
@@ -370,57 +451,47 @@ def _prepare(config: StudyConfig) -> None:
                                   % (proc.returncode, (proc.stderr or proc.stdout).strip()[-2000:]))
 
 
-def plan(config: StudyConfig) -> List[Trial]:
-    """Every trial of the study with its values (before anything runs)."""
-    study = config.study
-    return [Trial(n, study.space.trial_values(n, config.seed, config.algorithm),
-                  model_dir=trial_dir(config.model_dir, n))
-            for n in range(1, study.max_trials + 1)]
+def open_study(config: StudyConfig):
+    """(study, storage) of ``config``, created or loaded."""
+    url = config.storage_url
+    storage = studies.open_storage(url, config.heartbeat_s)
+    sampler = search.sampler(config.study.space, config.algorithm, config.seed,
+                             config.study.parallel_trials)
+    pruner = search.pruner(config.pruner, config.first_eval_step, config.max_steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna's experimental-feature notices
+        study = studies.load_study(storage, config.name, config.study.resolved_goal, sampler,
+                                   pruner, config.definition(), studies.describe(url))
+    return study, storage
 
 
 def run_study(config: StudyConfig) -> StudyResult:
-    """Runs (or resumes) the study; returns the table and the best trial.
+    """Runs (or resumes, or joins) the study; returns the table and the best trial.
 
     Raises :class:`Preempted` when a signal stopped it (rerun to resume),
-    :class:`ConfigError` for a bad study or a folder holding another one.
+    :class:`ConfigError` for a bad study or a storage holding another one.
     """
-    config.study.validate()
-    if config.algorithm == "grid" and config.study.max_trials > config.study.space.grid_size():
-        raise ConfigError("tune: --trials %d exceeds the grid's %d combinations."
-                          % (config.study.max_trials, config.study.space.grid_size()))
-    _check_train_args(config)
-    if io.is_remote(config.model_dir):
-        raise ConfigError("tune: --model-dir must be a local folder (the trials run on this "
-                          "machine and log there); got %s." % config.model_dir)
-    if not isinstance(config.trial_timeout_s, (int, float)) or config.trial_timeout_s <= 0:
-        raise ConfigError("--trial-timeout must be a number of seconds > 0; got %r."
-                          % (config.trial_timeout_s,))
-    recorded = _load_table(config)
-    trials: Dict[int, Trial] = {}
-    for planned in plan(config):
-        old = recorded.get(planned.trial)
-        keep = old is not None and old.finished and not (
-            config.retry_failed and old.status != "succeeded")
-        trials[planned.trial] = old if keep else planned
-    # Trials beyond this run's --trials stay in the table.
-    for number, old in recorded.items():
-        trials.setdefault(number, old)
-    todo = [trials[n] for n in range(1, config.study.max_trials + 1)
-            if trials[n] is not recorded.get(n)]
-    done = config.study.max_trials - len(todo)
-    if done:
-        say("resuming %s: %d of %d trials already finished" % (
-            config.model_dir, done, config.study.max_trials))
-    runner = _Runner(config, trials)
+    tune_config.check(config)
+    io.makedirs(config.model_dir)
+    study, storage = open_study(config)
+    if config.retry_failed:
+        _retry_failed(study, config)
+    table = rows(study, config.model_dir)
+    finished = sum(1 for t in table if t.finished)
+    if table:
+        say("study %r (%s): %d of %d trials finished" % (
+            config.name, studies.describe(config.storage_url), finished,
+            config.study.max_trials))
+    runner = _Runner(config, study, storage)
     runner.save()
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {s: signal.signal(s, runner.on_signal)
                     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        if todo and config.prepare_command:
+        if config.prepare_command and runner.can_ask():
             _prepare(config)
-        runner.loop(todo)
+        runner.loop()
     finally:
         try:
             if runner.running:
@@ -432,10 +503,16 @@ def run_study(config: StudyConfig) -> StudyResult:
         raise Preempted("tune: stopped by signal %d; the finished trials are in %s. Run the "
                         "same command again to resume the study."
                         % (runner.stop_signal, io.join(config.model_dir, TRIALS_CSV)))
-    ordered = [trials[n] for n in sorted(trials)]
+    ordered = rows(study, config.model_dir)
+    write_table(config, ordered)
     best = best_trial(ordered, config.study.resolved_goal)
+    if config.plots:
+        from experiments import tune_plots  # pylint: disable=import-outside-toplevel
+        for path in tune_plots.write(study, config.model_dir, config.study.metric):
+            say("plot: %s" % path)
     if best is None:
         raise EstimatorKerasError(
             "tune: no trial succeeded; see the table %s and each trial's %s."
             % (io.join(config.model_dir, TRIALS_CSV), TRIAL_LOG))
+    copy_best(config, best)
     return StudyResult(config, ordered, best)

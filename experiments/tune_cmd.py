@@ -1,13 +1,16 @@
-"""``python -m experiments tune``: a hyperparameter study of local ``train`` trials.
+"""``python -m experiments tune``: an Optuna study of local ``train`` trials.
 
-Each trial trains NAME in its own model dir DIR/trial-N with values drawn from
-the search space (a YAML file in Vertex AI's vocabulary), --parallel at a time;
-the table goes to DIR/trials.csv and DIR/trials.json. Run the same command
-again to resume an interrupted study. Example::
+Each trial trains NAME in its own model dir DIR/trial-N with values the
+sampler (--algorithm) draws from the search space (a YAML file in Vertex AI's
+vocabulary), --parallel at a time; the pruner (--pruner) stops the trials that
+fall behind at an evaluation. The table goes to DIR/trials.csv and
+DIR/trials.json, the plots beside it, the best export to DIR/best. Run the
+same command again to resume; run it on other machines with one --storage
+to share the study. Example::
 
     # space.yaml:  learning_rate: {type: double, min: 0.0001, max: 0.1, scale: log}
-    python -m experiments tune fashion_mnist_mlp --space space.yaml --trials 8 \\
-        --parallel 2 --model-dir runs/tune-mlp --max-steps 500
+    python -m experiments tune fashion_mnist_mlp --space space.yaml --trials 12 \\
+        --parallel 2 --pruner hyperband --model-dir runs/tune-mlp --max-steps 1500
 """
 
 import argparse
@@ -18,13 +21,14 @@ from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
 from estimator_keras.distribute.launcher import PREEMPTION_MARGIN
 from estimator_keras.errors import ConfigError
-from experiments import commands, datasets, hparams, train_flags, tune
+from experiments import (commands, datasets, hparams, search, studies, train_flags, tune,
+                         tune_config, tune_table)
 from experiments.submit import positive_int
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
 # train's destinations that tune sets itself: the experiment, each trial's
 # model dir (DIR/trial-N) and --hparams (tune's fixed ones and the space's).
-PER_TRIAL = ("name", "model_dir", "hparams")
+PER_TRIAL = ("name", "model_dir", "hparams", "evaluations_file")
 
 
 def _seconds(text):
@@ -49,26 +53,44 @@ def add_parser(subparsers):
     parser.add_argument("--model-dir", required=True, metavar="DIR",
                         help="the study's folder: trials.csv, trials.json, DIR/trial-N")
     parser.add_argument("--trials", type=positive_int, metavar="N",
-                        help="trials in the study (default: the whole grid, or %d for random)"
-                             % space_lib.DEFAULT_RANDOM_TRIALS)
+                        help="trials in the study, whoever runs them (default: the whole grid, "
+                             "else %d)" % space_lib.DEFAULT_RANDOM_TRIALS)
     parser.add_argument("--parallel", type=positive_int, default=1, metavar="P",
-                        help="trials running at once (default 1)")
+                        help="trials this command runs at once (default 1)")
     parser.add_argument("--metric", metavar="NAME",
                         help="evaluation metric to optimize (default: the experiment's "
                              "best_metric, accuracy for the built-in ones)")
     parser.add_argument("--goal", choices=("max", "min"),
                         help="default: the experiment's direction for its metric; else min "
                              "for loss-like names, max otherwise")
-    parser.add_argument("--algorithm", choices=("grid", "random"), default="random",
-                        help="random (default) or grid (integer, discrete and categorical "
+    parser.add_argument("--algorithm", choices=search.ALGORITHMS,
+                        default=search.DEFAULT_ALGORITHM,
+                        help="Optuna's sampler: tpe (default), cmaes and qmc (numeric ranges "
+                             "only), random, or grid (integer, discrete and categorical "
                              "parameters only)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the random trial values (default 0)")
+    parser.add_argument("--pruner", choices=search.PRUNERS, default=search.DEFAULT_PRUNER,
+                        help="stop trials that fall behind at an evaluation: median, "
+                             "hyperband, asha (successive halving), or none (default)")
+    parser.add_argument("--storage", metavar="URL",
+                        help="the study's storage: sqlite:///PATH, postgresql://USER:PASS@HOST/"
+                             "DB, mysql+pymysql://..., journal:PATH (default: DIR/study.db); "
+                             "tune commands on one storage share the study")
+    parser.add_argument("--study-name", metavar="NAME",
+                        help="the study's name in its storage (default: the experiment's)")
+    parser.add_argument("--heartbeat", type=positive_int, default=studies.DEFAULT_HEARTBEAT_S,
+                        metavar="SECONDS",
+                        help="database storages: a trial whose worker is silent for twice "
+                             "this long is failed and run again once (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the sampler: repeatable values for a study one command "
+                             "runs (default: none, each worker its own)")
     parser.add_argument("--trial-timeout", type=_seconds, metavar="SECONDS",
-                        default=tune.DEFAULT_TRIAL_TIMEOUT_S,
+                        default=tune_config.DEFAULT_TRIAL_TIMEOUT_S,
                         help="end a trial still running after this long (default %(default)s)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="when resuming, run failed and timed-out trials again")
+    parser.add_argument("--no-plots", dest="plots", action="store_false",
+                        help="do not draw the study's plots at the end")
     parser.add_argument("--hparams", default="", metavar="K=V,...",
                         help="fixed overrides for every trial (not keys of the space)")
     train_flags.add_train_flags(
@@ -89,7 +111,7 @@ def _train_args(args, data_dir):
 
 
 def build_config(args):
-    """The :class:`~experiments.tune.StudyConfig` the arguments ask for (checks
+    """The :class:`~experiments.tune_config.StudyConfig` the arguments ask for (checks
     train's flags as ``train`` would, and the space against the hyperparameters
     the experiment accepts)."""
     _, config = commands.train_config(args)
@@ -108,12 +130,13 @@ def build_config(args):
     goal = args.goal
     if goal is None and metric == config.best_metric:
         goal = "max" if config.higher_is_better else "min"
+    search.check_algorithm(space, args.algorithm)
     trials = args.trials
     if trials is None:
         trials = (space.grid_size() if args.algorithm == "grid"
                   else space_lib.DEFAULT_RANDOM_TRIALS)
-    study = space_lib.Study(space, metric=metric, goal=goal, algorithm=args.algorithm,
-                            max_trials=trials, parallel_trials=args.parallel)
+    study = space_lib.Study(space, metric=metric, goal=goal, max_trials=trials,
+                            parallel_trials=args.parallel)
     data_dir = os.path.abspath(commands.data_dir(args))
     prepare = None
     if datasets.find(config.data.dataset, data_dir)[1]:  # registered, not prepared yet
@@ -121,10 +144,14 @@ def build_config(args):
                    "--data-dir", data_dir]
         if args.source_dir:
             prepare += ["--source-dir", args.source_dir]
-    return tune.StudyConfig(
+    return tune_config.StudyConfig(
         experiment=args.name, study=study, model_dir=os.path.abspath(args.model_dir),
         train_args=_train_args(args, data_dir), fixed_hparams=args.hparams.strip(),
-        seed=args.seed, trial_timeout_s=args.trial_timeout,
+        algorithm=args.algorithm, pruner=args.pruner, seed=args.seed, storage=args.storage,
+        study_name=args.study_name, heartbeat_s=args.heartbeat,
+        max_steps=config.train.max_steps,
+        first_eval_step=min(config.train.eval_every_steps, config.train.max_steps),
+        plots=args.plots, trial_timeout_s=args.trial_timeout,
         grace_s=args.preemption_grace + PREEMPTION_MARGIN, retry_failed=args.retry_failed,
         prepare_command=prepare)
 
@@ -133,14 +160,15 @@ def format_table(result):
     """The study's table as aligned text, best trial marked with *."""
     config = result.config
     names = config.study.space.names
-    header = ["trial", "status", config.study.metric, "steps", "wall s"] + names
+    header = ["trial", "status", config.study.metric, "steps", "wall s"] + names + ["note"]
     rows = [header]
     for t in result.trials:
         rows.append(["%d%s" % (t.trial, "*" if result.best is t else ""), t.status,
                      "" if t.metric is None else "%.4f" % t.metric,
                      "" if t.steps is None else str(t.steps),
                      "" if t.wall_time_s is None else "%.0f" % t.wall_time_s]
-                    + [space_lib.format_value(t.hparams.get(n, "")) for n in names])
+                    + [space_lib.format_value(t.hparams.get(n, "")) for n in names]
+                    + [(t.message or "") if t.status != "succeeded" else ""])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -155,6 +183,7 @@ def run(args):
     print("best trial %d: %s %.4f (%s)" % (
         best.trial, config.study.metric, best.metric,
         ", ".join("%s=%s" % (k, space_lib.format_value(v)) for k, v in best.hparams.items())))
-    print("exported: %s" % io.join(best.export_dir, "model.h5"))
-    print("table: %s" % io.join(config.model_dir, tune.TRIALS_CSV))
+    print("exported: %s (copied to %s)" % (io.join(best.export_dir, "model.h5"),
+                                          io.join(config.model_dir, tune_table.BEST_DIR)))
+    print("table: %s" % io.join(config.model_dir, tune_table.TRIALS_CSV))
     return 0

@@ -21,8 +21,8 @@ import os
 
 Environment = collections.namedtuple("Environment",
                                      "description modules engines backends skips only")
-# ``only``: for a module another environment runs in full, the cases (names,
-# fnmatch patterns) this one runs of it: those that need what only this
+# ``only``: for a module another environment runs in full, the cases (names
+# with or without their parameters, fnmatch patterns) this one runs of it: those that need what only this
 # environment has. The rest is deselected here.
 
 ENVIRONMENTS = {
@@ -46,7 +46,7 @@ ENVIRONMENTS = {
             "test_preemption_tasks.py", "test_reliability.py", "test_resume_randomness.py",
             "test_submit_flags.py", "test_tune.py", "test_vector_data.py",
             "test_messages.py", "test_one_input_models.py", "test_exit.py",
-            "test_engine_house.py", "test_a_fourth_engine.py",
+            "test_engine_house.py", "test_a_fourth_engine.py", "test_tune_engines.py",
         ),
         # The keras engine's guarantees run in the keras env (TensorFlow 2.21).
         engines=("estimator",),
@@ -64,6 +64,9 @@ ENVIRONMENTS = {
                             "test_a_model_mixing_keras2_and_keras3_is_refused")},
             "tests/test_messages.py::test_cli_refuses_torch_before_any_work":
                 "Keras 3 needs TensorFlow 2.16+",
+            "tests/test_cli.py::test_tune_without_the_tune_extra_names_it":
+                "Optuna is installed (the tune extra): this case needs an environment "
+                "without it",
             "tests/test_messages.py::test_jax_on_the_cpu_warns_for_convolutions_only":
                 "Keras 3 needs TensorFlow 2.16+",
             "tests/test_embeddings.py::*[[]keras-mwms[]]":
@@ -72,7 +75,9 @@ ENVIRONMENTS = {
         # The keras engine's own module runs in the keras env, on TensorFlow
         # 2.21; here only its moves from the estimator engine, which need both.
         only={"test_keras_engine.py": ("test_estimator_model_dir_moves_to_the_keras_engine",
-                                       "test_weights_h5_move_between_the_engines_models")},
+                                       "test_weights_h5_move_between_the_engines_models"),
+              # Tuning on the newer engines runs in the keras env.
+              "test_tune_engines.py": ("*[[]estimator[]]",)},
     ),
     "keras": Environment(
         "Python 3.13 with '.[cpu,jax]' and tf-keras: the keras engine on TensorFlow 2.21, the "
@@ -91,7 +96,7 @@ ENVIRONMENTS = {
             "test_modeldir_lock.py", "test_one_input_models.py", "test_output.py",
             "test_plugins.py", "test_plugins_cluster.py", "test_precision.py",
             "test_preemption.py", "test_preemption_tasks.py", "test_reliability.py",
-            "test_built_once.py", "test_builders_keras3.py",
+            "test_built_once.py", "test_builders_keras3.py", "test_tune_engines.py",
         ),
         engines=("keras",),
         backends=("jax",),
@@ -113,6 +118,11 @@ ENVIRONMENTS = {
                 "tf.estimator ends with TensorFlow 2.15",
             "tests/test_engine_interface.py::*[[]estimator[]]":
                 "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_tune_engines.py::*[[]estimator[]]":
+                "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_cli.py::test_tune_without_the_tune_extra_names_it":
+                "Optuna is installed (the tune extra): this case needs an environment "
+                "without it",
             "tests/test_keras3_setup.py::test_cli_keras3_without_keras3":
                 "Keras 3 is installed: this case needs an environment without it",
             "tests/test_keras3_setup.py::test_cli_backend_not_installed_names_the_extra":
@@ -222,8 +232,9 @@ def runs_elsewhere(environment, item):
     if engine in ("estimator", "keras") and engine not in environment.engines:
         return True
     cases = environment.only.get(item.path.name)
-    return cases is not None and not any(fnmatch.fnmatchcase(item.originalname, pattern)
-                                         for pattern in cases)
+    return cases is not None and not any(
+        fnmatch.fnmatchcase(item.originalname, pattern) or fnmatch.fnmatchcase(item.name, pattern)
+        for pattern in cases)
 
 
 def pytest_collection_modifyitems(config, items):

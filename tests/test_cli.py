@@ -135,3 +135,18 @@ def test_missing_tensorflow_is_explained(tmp_path):
     # The package is on no index: the hint installs from the checkout.
     assert "estimator-keras[" not in proc.stderr and "checkout" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_tune_without_the_tune_extra_names_it(tmp_path):
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    if importlib.util.find_spec("optuna") is not None:
+        pytest.skip("Optuna is installed (the tune extra): this case needs an environment "
+                    "without it")
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: double, min: 0.0001, max: 0.1, scale: log}\n")
+    rc, _, err = cli("tune", "fashion_mnist_mlp", "--space", space, "--model-dir",
+                     tmp_path / "study", "--data-dir", tmp_path / "data", "--max-steps", 10)
+    assert rc == 2, err
+    assert "tune needs Optuna" in err and "pip install -e '.[tune]'" in err, err
+    # Refused before any work: no dataset prepared, no trial started.
+    assert not (tmp_path / "data").exists() and not list((tmp_path / "study").glob("trial-*"))

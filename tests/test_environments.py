@@ -80,10 +80,10 @@ def test_only_deselects_the_cases_it_does_not_name():
     env = environments.ENVIRONMENTS["py313"]._replace(
         only={"test_x.py": ("test_kept*",)})
 
-    def item(path, name, backend=None):
+    def item(path, name, backend=None, params=""):
         mark = types.SimpleNamespace(args=(backend,)) if backend else None
         return types.SimpleNamespace(path=pathlib.Path("tests", path), originalname=name,
-                                     get_closest_marker=lambda name: mark)
+                                     name=name + params, get_closest_marker=lambda name: mark)
 
     assert not environments.runs_elsewhere(env, item("test_x.py", "test_kept_here"))
     assert environments.runs_elsewhere(env, item("test_x.py", "test_run_elsewhere"))
@@ -99,6 +99,13 @@ def test_only_deselects_the_cases_it_does_not_name():
                                                    "test_keras3_loads_the_exports"))
     assert not environments.runs_elsewhere(py311, item(
         "test_keras_engine.py", "test_estimator_model_dir_moves_to_the_keras_engine"))
+    # A pattern may name a case's parameters too.
+    assert not environments.runs_elsewhere(py311, item(
+        "test_tune_engines.py", "test_a_trial_falling_behind_is_pruned_at_an_evaluation",
+        params="[estimator]"))
+    assert environments.runs_elsewhere(py311, item(
+        "test_tune_engines.py", "test_a_trial_falling_behind_is_pruned_at_an_evaluation",
+        params="[keras3-jax]"))
 
 
 def _pytest(tmp_path, env_name, body):

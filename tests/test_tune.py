@@ -358,6 +358,7 @@ import json, os, signal, sys, time
 args = sys.argv[1:]
 model_dir = args[args.index("--model-dir") + 1]
 hp = dict(i.split("=", 1) for i in args[args.index("--hparams") + 1].split(",") if i)
+evals = args[args.index("--evaluations-file") + 1]
 os.makedirs(model_dir, exist_ok=True)
 with open(os.path.join(model_dir, "calls.txt"), "a") as f:
     f.write("%d\\n" % os.getpid())
@@ -374,8 +375,16 @@ if hold and float(hp.get("x", 0)) >= 0.5:
     deadline = time.time() + 30
     while os.path.exists(hold) and time.time() < deadline:
         time.sleep(0.05)
+x = float(hp.get("x", 0))
+# FAKE_EVALS: evaluations at steps 1..N, the metric x * step / N; a pruned
+# trial is told by SIGTERM between them.
+for step in range(1, int(os.environ.get("FAKE_EVALS", "0")) + 1):
+    with open(evals, "a") as f:
+        f.write(json.dumps({"step": step, "time": time.time(),
+                            "metrics": {"accuracy": x * step / 7.0}}) + "\\n")
+    time.sleep(float(os.environ.get("FAKE_EVAL_PAUSE", "0.3")))
 os.makedirs(os.path.join(model_dir, "export"), exist_ok=True)
-metrics = {"accuracy": float(hp.get("x", 0)), "loss": 1.0, "global_step": 7}
+metrics = {"accuracy": x, "loss": 1.0, "global_step": 7}
 if mode == "nometric":
     metrics.pop("accuracy")
 with open(os.path.join(model_dir, "export", "export.json"), "w") as f:
@@ -395,19 +404,23 @@ def fake_python(tmp_path):
 
 
 def _study_config(tmp_path, python, space_text, algorithm="grid", trials=None, parallel=2,
-                  **kwargs):
+                  folder="study", **kwargs):
     path = tmp_path / "space.yaml"
     path.write_text(space_text)
     space = space_lib.load_space(str(path))
-    study = space_lib.Study(space, metric="accuracy", goal="max", algorithm=algorithm,
+    study = space_lib.Study(space, metric="accuracy", goal="max",
                             max_trials=trials or space.grid_size(), parallel_trials=parallel)
     kwargs.setdefault("grace_s", 2.0)
-    return tune.StudyConfig("fake", study, str(tmp_path / "study"), python=python,
-                            train_args=["--max-steps", "7"], **kwargs)
+    kwargs.setdefault("seed", 0)
+    kwargs.setdefault("plots", False)
+    return tune.StudyConfig("fake", study, str(tmp_path / folder), python=python,
+                            train_args=["--max-steps", "7"], algorithm=algorithm, **kwargs)
 
 
 def _calls(config, trial):
     path = os.path.join(tune.trial_dir(config.model_dir, trial), "calls.txt")
+    if not os.path.exists(path):
+        return []
     with open(path, encoding="utf-8") as f:
         return [int(line) for line in f.read().split()]
 
@@ -420,39 +433,59 @@ def _pid_alive(pid):
     return True
 
 
+def _by_values(trials, *names):
+    return {tuple(t.hparams[n] for n in names): t for t in trials}
+
+
 def test_study_records_failures_picks_the_best_and_resumes(tmp_path, fake_python):
     config = _study_config(tmp_path, fake_python,
                            "x: {type: discrete, values: [0.1, 0.9, 0.5]}\n"
                            "mode: {type: categorical, values: [ok, fail]}\n")
     result = tune.run_study(config)
-    by_trial = {t.trial: t for t in result.trials}
-    assert [by_trial[n].status for n in range(1, 7)] == ["succeeded", "failed"] * 3
-    assert [by_trial[n].metric for n in (1, 3, 5)] == [0.1, 0.9, 0.5]
-    assert result.best.trial == 3 and result.best.hparams == {"x": 0.9, "mode": "ok"}
-    assert result.best.export_dir == os.path.join(config.model_dir, "trial-3", "export")
+    assert sorted(t.trial for t in result.trials) == list(range(6))
+    by = _by_values(result.trials, "x", "mode")
+    assert len(by) == 6  # the grid: each combination once
+    for x in (0.1, 0.9, 0.5):
+        assert by[(x, "ok")].status == "succeeded" and by[(x, "ok")].metric == x
+        assert by[(x, "fail")].status == "failed"
+        assert "failed on purpose" in by[(x, "fail")].message
+        assert "exit 1" in by[(x, "fail")].message
+    best = by[(0.9, "ok")]
+    assert result.best is not None and result.best.trial == best.trial
+    assert result.best.export_dir == os.path.join(config.model_dir, "trial-%d" % best.trial,
+                                                  "export")
     assert result.best.steps == 7
-    assert "failed on purpose" in by_trial[2].message and "exit 1" in by_trial[2].message
+    # The best export is copied whole, with the trial it came from.
+    with open(os.path.join(config.model_dir, "best", "trial.json"), encoding="utf-8") as f:
+        assert json.load(f)["trial"] == best.trial
+    assert os.path.exists(os.path.join(config.model_dir, "best", "export.json"))
 
     with open(os.path.join(config.model_dir, "trials.csv"), encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    assert [r["trial"] for r in rows] == ["1", "2", "3", "4", "5", "6"]
-    assert [r["accuracy"] for r in rows] == ["0.1", "", "0.9", "", "0.5", ""]
-    assert [r["x"] for r in rows] == ["0.1", "0.1", "0.9", "0.9", "0.5", "0.5"]
+    assert [r["trial"] for r in rows] == [str(n) for n in range(6)]
+    assert {(r["x"], r["mode"]): r["accuracy"] for r in rows} == {
+        ("0.1", "ok"): "0.1", ("0.9", "ok"): "0.9", ("0.5", "ok"): "0.5",
+        ("0.1", "fail"): "", ("0.9", "fail"): "", ("0.5", "fail"): ""}
     assert all(float(r["wall_time_s"]) >= 0 for r in rows)
     with open(os.path.join(config.model_dir, "trials.json"), encoding="utf-8") as f:
         table = json.load(f)
-    assert table["best"] == 3 and table["study"]["space"]["mode"]["values"] == ["ok", "fail"]
-    assert [t["status"] for t in table["trials"]] == ["succeeded", "failed"] * 3
+    assert table["best"] == best.trial and table["study"]["space"]["mode"]["values"] == [
+        "ok", "fail"]
+    assert sorted(t["status"] for t in table["trials"]) == ["failed"] * 3 + ["succeeded"] * 3
     assert not [n for n in os.listdir(config.model_dir) if ".tmp-" in n]
 
-    # Resumed: nothing finished runs again; --retry-failed reruns the failures only.
+    # Resumed: nothing finished runs again; --retry-failed runs each failure
+    # again as a new trial of the same values, in its place.
     again = tune.run_study(config)
-    assert [t.status for t in again.trials] == ["succeeded", "failed"] * 3
-    assert all(len(_calls(config, n)) == 1 for n in range(1, 7))
-    tune.run_study(dataclasses_replace(config, retry_failed=True))
-    assert [len(_calls(config, n)) for n in range(1, 7)] == [1, 2, 1, 2, 1, 2]
+    assert len(again.trials) == 6 and all(len(_calls(config, n)) == 1 for n in range(6))
+    retried = tune.run_study(dataclasses_replace(config, retry_failed=True))
+    assert all(len(_calls(config, n)) == 1 for n in range(9))
+    news = [t for t in retried.trials if t.trial >= 6]
+    assert sorted(t.hparams["mode"] for t in news) == ["fail"] * 3
+    assert all("retry of trial" in t.message for t in news)
+    assert {t.hparams["x"] for t in news} == {0.1, 0.9, 0.5}
 
-    with pytest.raises(ConfigError, match="holds another study.*train_args"):
+    with pytest.raises(ConfigError, match="made by another command.*train_args"):
         tune.run_study(dataclasses_replace(config, train_args=["--max-steps", "8"]))
 
 
@@ -472,7 +505,7 @@ def test_trials_past_their_timeout_are_ended_by_pid(tmp_path, fake_python):
     status = {t.hparams["mode"]: t for t in result.trials}
     assert status["hang"].status == "timeout" and "--trial-timeout" in status["hang"].message
     assert status["stubborn"].status == "timeout"  # ignored SIGTERM: SIGKILL after the grace
-    assert status["ok"].status == "succeeded" and result.best is status["ok"]
+    assert status["ok"].status == "succeeded" and result.best.trial == status["ok"].trial
     assert status["nometric"].status == "failed"
     assert "no metric 'accuracy'; its metrics: global_step, loss" in status["nometric"].message
     for trial in result.trials:
@@ -485,39 +518,143 @@ def test_a_stopped_study_ends_its_trials_and_resumes_the_rest(tmp_path, fake_pyt
     hold.write_text("")
     monkeypatch.setenv("FAKE_HOLD", str(hold))
     config = _study_config(tmp_path, fake_python,
-                           "x: {type: discrete, values: [0.2, 0.4, 0.6, 0.8]}\n", parallel=2)
+                           "x: {type: discrete, values: [0.2, 0.4, 0.6, 0.8]}\n", parallel=4)
     table = os.path.join(config.model_dir, "trials.json")
 
-    def stop_after_two():
+    def statuses():
+        try:
+            with open(table, encoding="utf-8") as f:
+                return {r["hparams"]["x"]: r["status"] for r in json.load(f)["trials"]}
+        except (OSError, ValueError):
+            return {}
+
+    def stop_when_two_hold():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                with open(table, encoding="utf-8") as f:
-                    rows = json.load(f)["trials"]
-            except (OSError, ValueError):
-                rows = []
-            if [r["status"] for r in rows] == ["succeeded", "succeeded", "running", "running"]:
+            if statuses() == {0.2: "succeeded", 0.4: "succeeded", 0.6: "running",
+                              0.8: "running"}:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             time.sleep(0.05)
 
-    watcher = threading.Thread(target=stop_after_two)
+    watcher = threading.Thread(target=stop_when_two_hold)
     watcher.start()
     with pytest.raises(Preempted, match="Run the same command again"):
         tune.run_study(config)
     watcher.join()
+    assert statuses() == {0.2: "succeeded", 0.4: "succeeded", 0.6: "interrupted",
+                          0.8: "interrupted"}
     with open(table, encoding="utf-8") as f:
-        assert [r["status"] for r in json.load(f)["trials"]] == [
-            "succeeded", "succeeded", "interrupted", "interrupted"]
-    held = _calls(config, 3) + _calls(config, 4)
-    assert not any(_pid_alive(pid) for pid in held)
+        number = {r["hparams"]["x"]: r["trial"] for r in json.load(f)["trials"]}
+    held = _calls(config, number[0.6]) + _calls(config, number[0.8])
+    assert len(held) == 2 and not any(_pid_alive(pid) for pid in held)
     assert signal.getsignal(signal.SIGTERM) is not None  # handlers put back
 
     hold.unlink()
     result = tune.run_study(config)
+    assert sorted(t.trial for t in result.trials) == [0, 1, 2, 3]  # the same trials, resumed
     assert [t.status for t in result.trials] == ["succeeded"] * 4
-    assert [len(_calls(config, n)) for n in range(1, 5)] == [1, 1, 2, 2]
-    assert result.best.trial == 4
+    assert {x: len(_calls(config, n)) for x, n in number.items()} == {
+        0.2: 1, 0.4: 1, 0.6: 2, 0.8: 2}
+    assert result.best.hparams["x"] == 0.8
+
+
+def test_pruned_trials_stop_at_an_evaluation_and_say_where(tmp_path, fake_python,
+                                                           monkeypatch):
+    # Each stand-in trial reports accuracy x * step / 7 at steps 1..7; the
+    # median pruner judges from the fifth trial on (four finished first).
+    monkeypatch.setenv("FAKE_EVALS", "7")
+    monkeypatch.setenv("FAKE_EVAL_PAUSE", "0.4")
+    values = [0.9, 0.8, 0.85, 0.95, 0.1, 0.2, 0.15, 0.05]
+    config = _study_config(tmp_path, fake_python,
+                           "x: {type: discrete, values: [%s]}\n" % ", ".join(map(str, values)),
+                           parallel=1, pruner="median", first_eval_step=1, max_steps=7,
+                           plots=True)
+    # The trials run in this order: the grid's, pinned by enqueueing.
+    study, _ = tune.open_study(config)
+    for x in values:
+        study.enqueue_trial({"x": x})
+    result = tune.run_study(config)
+    by = {t.hparams["x"]: t for t in result.trials}
+    for x in values[:4]:
+        assert by[x].status == "succeeded" and by[x].metric == x
+    for x in values[4:]:
+        assert by[x].status == "pruned", by[x]
+        assert 1 <= by[x].pruned_at < 7 and by[x].message == "pruned at step %d" % by[x].pruned_at
+        assert by[x].metric == pytest.approx(x * by[x].pruned_at / 7.0)
+        # SIGTERM'd when the pruner said so: no export, its folder kept.
+        assert not os.path.exists(os.path.join(by[x].model_dir, "export"))
+        assert os.path.exists(os.path.join(by[x].model_dir, "evaluations.jsonl"))
+    assert result.best.hparams["x"] == 0.95
+    for name in ("optimization_history", "param_importances", "intermediate_values"):
+        assert os.path.getsize(os.path.join(config.model_dir, name + ".png")) > 5000
+
+
+WORKER = """\
+import json, sys
+sys.path.insert(0, %(root)r)
+from estimator_keras.cloud import space as space_lib
+from estimator_keras.errors import Preempted
+from experiments import tune
+space = space_lib.load_space(%(space)r)
+study = space_lib.Study(space, metric="accuracy", goal="max", max_trials=%(trials)d,
+                        parallel_trials=%(parallel)d)
+config = tune.StudyConfig("fake", study, sys.argv[1], python=%(python)r,
+                          train_args=["--max-steps", "7"], algorithm="random",
+                          storage=%(storage)r, heartbeat_s=1, grace_s=2.0, plots=False)
+try:
+    result = tune.run_study(config)
+except Preempted:
+    sys.exit(75)
+print(json.dumps([[t.trial, t.status] for t in result.trials]))
+"""
+
+
+def _workers(tmp_path, fake_python, storage, trials, parallel=2):
+    space = tmp_path / "space.yaml"
+    space.write_text("x: {type: double, min: 0.0, max: 1.0}\n")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER % {"root": ROOT, "space": str(space), "trials": trials,
+                                "parallel": parallel, "python": fake_python,
+                                "storage": storage})
+    return script
+
+
+def _ran(folder):
+    """{trial number: PIDs of its stand-in trainer} of one worker's folder."""
+    out = {}
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        calls = os.path.join(folder, name, "calls.txt")
+        if name.startswith("trial-") and os.path.exists(calls):
+            with open(calls, encoding="utf-8") as f:
+                out[int(name[len("trial-"):])] = f.read().split()
+    return out
+
+
+def test_two_tune_commands_share_one_sqlite_study(tmp_path, fake_python, monkeypatch):
+    monkeypatch.setenv("FAKE_EVALS", "3")
+    monkeypatch.setenv("FAKE_EVAL_PAUSE", "0.2")
+    storage = "sqlite:///%s" % (tmp_path / "shared.db")
+    script = _workers(tmp_path, fake_python, storage, trials=12)
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / w)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=child_env(),
+                              start_new_session=True)
+             for w in ("a", "b")]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-4000:] for o in outs]
+    ran_a, ran_b = _ran(tmp_path / "a"), _ran(tmp_path / "b")
+    # 12 trials in all, each run once, by one worker or the other; both worked.
+    assert sorted(list(ran_a) + list(ran_b)) == list(range(12))
+    assert ran_a and ran_b and all(len(p) == 1 for p in {**ran_a, **ran_b}.values())
+    for out, _ in outs:  # each worker's table is the whole study
+        assert json.loads(out.splitlines()[-1]) == [[n, "succeeded"] for n in range(12)]
 
 
 def test_tune_command_checks_the_space_against_the_experiment(tmp_path):
@@ -539,12 +676,14 @@ def test_tune_command_checks_the_space_against_the_experiment(tmp_path):
     assert config.train_args == ["--data-dir", str(tmp_path / "data"), "--max-steps", "30"]
     assert config.prepare_command[-4:] == ["prepare", "fashion_mnist", "--data-dir",
                                            str(tmp_path / "data")]
-    trial = tune.plan(config)[0]
-    command = tune._trial_command(config, trial)  # pylint: disable=protected-access
+    command = tune._trial_command(  # pylint: disable=protected-access
+        config, 0, {"learning_rate": 0.001})
     hparams = command[command.index("--hparams") + 1]
     assert hparams.startswith("units=64,learning_rate=")
     assert command[command.index("--model-dir") + 1] == os.path.join(
-        str(tmp_path / "study"), "trial-1")
+        str(tmp_path / "study"), "trial-0")
+    assert command[command.index("--evaluations-file") + 1] == os.path.join(
+        str(tmp_path / "study"), "trial-0", "evaluations.jsonl")
 
     with pytest.raises(ConfigError, match="parameter 'depth'.*unknown hparam 'depth'"):
         config_for("depth: {type: integer, min: 1, max: 4}\n")
@@ -614,15 +753,20 @@ def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, t
         dest = "modules" if flag == "--module" else action.dest
         assert getattr(given, dest) != getattr(baseline, dest), (flag, "sample is the default")
 
+        per_trial = flag in ("--model-dir", "--evaluations-file")
         tuned = _dispatched(["tune", "fashion_mnist_mlp", "--space", space, "--model-dir",
-                             study] + ([] if flag == "--model-dir" else [flag, *value]))
+                             study] + ([] if per_trial else [flag, *value]))
         config = tune_cmd.build_config(tuned)
-        for trial in tune.plan(config)[:2]:
-            command = tune._trial_command(config, trial)  # pylint: disable=protected-access
+        for number in (0, 1):
+            command = tune._trial_command(  # pylint: disable=protected-access
+                config, number, {"learning_rate": 0.001})
             assert command[1:4] == ["-m", "experiments", "train"], command
             received = _dispatched(command[3:])
             if flag == "--model-dir":  # tune's is the study's, each trial has its own
-                assert received.model_dir == os.path.join(str(study), "trial-%d" % trial.trial)
+                assert received.model_dir == os.path.join(str(study), "trial-%d" % number)
+            elif flag == "--evaluations-file":  # each trial's, where tune reads it
+                assert received.evaluations_file == os.path.join(
+                    str(study), "trial-%d" % number, "evaluations.jsonl")
             elif flag == "--hparams":  # fixed for every trial, then the space's values
                 assert received.hparams.startswith(value[0] + ",learning_rate=")
             else:
@@ -726,7 +870,7 @@ def test_real_study_of_the_mlp_on_fashion_mnist_is_interrupted_and_resumed(
     assert done.returncode == 0, done.stderr[-3000:]
     with open(study_dir / "trials.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    assert [r["trial"] for r in rows] == ["1", "2", "3", "4"]
+    assert [r["trial"] for r in rows] == ["0", "1", "2", "3"]
     assert all(r["status"] == "succeeded" and r["steps"] == "30" for r in rows)
     metrics = {int(r["trial"]): float(r["accuracy"]) for r in rows}
     assert all(0.0 < m <= 1.0 for m in metrics.values())
@@ -757,10 +901,64 @@ def test_a_real_study_passes_config_and_engine_to_its_trial(fashion_data, tmp_pa
                       "--batch-size", 32),
         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    trial = study_dir / "trial-1"
+    trial = study_dir / "trial-0"
     with open(trial / "export" / "export.json", encoding="utf-8") as f:
         exported = json.load(f)
     assert exported["engine"] == "keras" and exported["global_step"] == 20
     recorded = yaml.safe_load((trial / "config.yaml").read_text())
     assert recorded["model"]["units"] == 16 and recorded["train"]["learning_rate"] == 0.003
     assert recorded["train"]["log_every_steps"] == 10
+
+
+def _wait_for(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def test_two_workers_on_postgresql_and_a_killed_ones_trial_is_retried(tmp_path, fake_python,
+                                                                     monkeypatch):
+    from postgres_server import Server  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("FAKE_EVALS", "10")
+    monkeypatch.setenv("FAKE_EVAL_PAUSE", "0.3")
+    with Server() as url:
+        script = _workers(tmp_path, fake_python, url, trials=6, parallel=1)
+        procs = {w: subprocess.Popen([sys.executable, str(script), str(tmp_path / w)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=child_env(), start_new_session=True)
+                 for w in ("a", "b")}
+        try:
+            # Worker a is killed outright while its first trial trains.
+            _wait_for(lambda: _ran(tmp_path / "a"), 60, "worker a's first trial")
+            (killed, pids), = _ran(tmp_path / "a").items()
+            os.kill(procs["a"].pid, signal.SIGKILL)
+            procs["a"].wait(timeout=10)
+            # Its trainer dies with it (PR_SET_PDEATHSIG).
+            _wait_for(lambda: not _pid_alive(int(pids[0])), 10, "the killed worker's trial")
+            out, err = procs["b"].communicate(timeout=180)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        assert procs["b"].returncode == 0, err[-4000:]
+        table = {n: status for n, status in json.loads(out.splitlines()[-1])}
+        # The killed trial failed (no heartbeat) and ran again once, on b,
+        # with the same values; the study still holds its 6 trials.
+        assert table[killed] == "failed"
+        with open(tmp_path / "b" / "trials.json", encoding="utf-8") as f:
+            rows = {r["trial"]: r for r in json.load(f)["trials"]}
+        assert "no heartbeat" in rows[killed]["message"]
+        retries = [r for r in rows.values() if "retry of trial %d" % killed in (r["message"] or "")]
+        assert len(retries) == 1 and retries[0]["status"] == "succeeded"
+        assert retries[0]["hparams"] == rows[killed]["hparams"]
+        assert retries[0]["trial"] in _ran(tmp_path / "b")
+        assert sorted(table) == list(range(7))
+        assert sorted(s for n, s in table.items() if n != killed) == ["succeeded"] * 6
+        # Each trial ran once: the killed one on a, every other on b.
+        ran_b = _ran(tmp_path / "b")
+        assert killed not in ran_b and sorted(ran_b) == sorted(set(range(7)) - {killed})
+        assert all(len(p) == 1 for p in ran_b.values())

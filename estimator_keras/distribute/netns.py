@@ -140,6 +140,22 @@ def _hold():
     return 0
 
 
+def die_with_parent():
+    """A ``Popen`` ``preexec_fn`` that asks the kernel to SIGKILL the child
+    when its parent dies: what a launcher starts must not outlive a launcher
+    killed outright. libc is loaded here, before the fork, so the child only
+    makes the call. Best effort; None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # pylint: disable=import-outside-toplevel
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+    return preexec
+
+
 def _name_host_localhost():
     """Gives the task a host name of its own, "localhost": what binds to the
     address the host name resolves to (JAX's gloo collectives) must find it
