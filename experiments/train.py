@@ -92,7 +92,9 @@ class Runner:
                 return self._already_trained(latest)
             try:
                 result = self._train(is_chief=True)
-            except Preempted:
+            except Preempted as e:
+                if ctx.evaluations:
+                    ctx.evaluations.stopped(e.step)
                 self._export_best()
                 raise
             self._export_best()

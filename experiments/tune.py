@@ -62,7 +62,8 @@ TRIAL_LOG = "train.log"
 EVALUATIONS = "evaluations.jsonl"
 EXPORT_INFO = os.path.join("export", "export.json")
 
-_POLL_S = 0.5
+# A trial the pruner stops trains on until the SIGTERM lands: poll often.
+_POLL_S = 0.2
 # Variables that would send a trial somewhere else than its own model dir.
 _DROPPED_ENV = ("TF_CONFIG", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR",
                 "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
@@ -120,6 +121,16 @@ def _read_result(folder: str, metric: str):
     step = info.get("global_step", metrics.get("global_step"))
     return (float(metrics[metric]), int(step) if step is not None else None,
             io.parent(path)), None
+
+
+def _trained_steps(folder: str, pruned_at: int) -> int:
+    """The step a pruned trial's checkpoint holds: it trains on until the
+    SIGTERM lands, and says where it stopped in its evaluations file."""
+    try:
+        stops = [e.step for e in evaluations.read(io.join(folder, EVALUATIONS)) if e.stopped]
+    except ConfigError:
+        stops = []
+    return stops[-1] if stops and stops[-1] >= pruned_at else pruned_at
 
 
 def _describe(hparams: Dict[str, object]) -> str:
@@ -341,10 +352,13 @@ class _Runner:
             return
         self.finished_here.append(wall)
         if run.ending == "pruned":
+            trained = _trained_steps(run.folder, run.pruned_at)
             trial.set_user_attr("status", "pruned")
             trial.set_user_attr("pruned_at", run.pruned_at)
-            trial.set_user_attr("steps", run.pruned_at)
-            trial.set_user_attr("message", "pruned at step %d" % run.pruned_at)
+            trial.set_user_attr("steps", trained)
+            trial.set_user_attr("message", "pruned at step %d%s" % (
+                run.pruned_at, "" if trained == run.pruned_at
+                else " (its checkpoint: step %d)" % trained))
             self.study.tell(trial, state=_state("PRUNED"))
         elif run.ending == "timeout":
             trial.set_user_attr("status", "timeout")

@@ -140,17 +140,22 @@ def _hold():
     return 0
 
 
-def die_with_parent():
+def die_with_parent(ignore=()):
     """A ``Popen`` ``preexec_fn`` that asks the kernel to SIGKILL the child
     when its parent dies: what a launcher starts must not outlive a launcher
-    killed outright. libc is loaded here, before the fork, so the child only
-    makes the call. Best effort; None off Linux."""
+    killed outright. The signals in ``ignore`` stay ignored in the child
+    (through exec): a helper that its parent waits for finishes its work
+    when a signal reaches their whole process group (Ctrl-C, a tuner's
+    SIGTERM), and the parent decides what stops. libc is loaded here, before
+    the fork, so the child only makes the call. Best effort; None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes  # pylint: disable=import-outside-toplevel
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def preexec():
+        for signum in ignore:
+            signal.signal(signum, signal.SIG_IGN)
         prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
     return preexec

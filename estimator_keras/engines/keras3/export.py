@@ -39,6 +39,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -49,6 +50,7 @@ import tensorflow as tf
 
 from estimator_keras import io
 from estimator_keras import export as export_lib
+from estimator_keras.distribute import netns
 from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ModelDirError, TensorFlowError
 from estimator_keras.schema import FeatureSpec, schema_to_json
@@ -254,8 +256,13 @@ def _saved_model_on_tensorflow(model_file, target, schema, features, class_names
     env["PYTHONPATH"] = os.pathsep.join(
         [package_root] + [p for p in sys.path if p and os.path.isdir(p)])
     try:
+        # A SIGTERM or Ctrl-C sent to the whole process group must not kill
+        # the export half-way: this process saves its checkpoint once it
+        # returns (see distribute/preemption.py).
         proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], env=env,
-                              capture_output=True, text=True, timeout=SAVED_MODEL_TIMEOUT_SECS)
+                              capture_output=True, text=True, timeout=SAVED_MODEL_TIMEOUT_SECS,
+                              preexec_fn=netns.die_with_parent(
+                                  ignore=(signal.SIGINT, signal.SIGTERM)))
     except subprocess.TimeoutExpired as e:
         raise TensorFlowError(
             f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend did "
