@@ -94,7 +94,7 @@ setup(
                  "kubeflow-katib-api==0.19.*"],
         # The benchmarks' PNG plots (python -m benchmarks, from a checkout), and
         # keras-tuner, the peer of the tuning table.
-        "bench": ["matplotlib", "keras-tuner"],
+        "bench": ["matplotlib", "keras-tuner[bayesian]"],
         # The documentation site: `mkdocs build --strict` / `mkdocs serve` from a checkout.
         # numpy: the build imports the CLI's parser and the config dataclasses
         # (no TensorFlow) to generate their reference pages.

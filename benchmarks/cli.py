@@ -46,6 +46,8 @@ TABLES = {
     "cadence": ("benchmarks.cadence_table", "keras"),
     "embedding": ("benchmarks.embedding_table", "estimator"),
     "recipe": ("benchmarks.recipe_table", "keras"),
+    # Needs the tune and bench extras (Optuna, keras-tuner) in that interpreter.
+    "tuning": ("benchmarks.tuning_table", "keras"),
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 # Tables run --rounds times: their targets are ratios of rates measured side by
@@ -55,7 +57,8 @@ DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 ROUND_TABLES = ("input", "training", "inputbound", "keras", "cadence", "embedding")
 DEFAULT_ROUNDS = 3
 # Per-table bound on a child process, seconds (accuracy and shapes train for long).
-CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600, "recipe": 2 * 3600}
+CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600, "recipe": 2 * 3600,
+                 "tuning": 4 * 3600}
 DEFAULT_CHILD_TIMEOUT = 3600
 REPO_ROOT = os.path.dirname(common.HERE)
 
