@@ -49,7 +49,7 @@ from typing import Callable, List, Optional, Sequence
 
 from estimator_keras import engines, io
 from estimator_keras.cloud import space as space_lib
-from estimator_keras.cloud import jaxjob, packaging, submission, tfjob
+from estimator_keras.cloud import jaxjob, katib, packaging, submission, tfjob
 from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, JobSpec, check_job_engine,
                                         job_entry, keras_backends)
 from estimator_keras.errors import ConfigError, UsageError
@@ -151,10 +151,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the request and the commands; build, upload and "
                              "create nothing")
-    parser.add_argument("--target", choices=("vertex",) + tuple(KUBEFLOW_TARGETS),
+    parser.add_argument("--target", choices=("vertex",) + tuple(KUBEFLOW_TARGETS) + ("katib",),
                         default="vertex",
                         help="vertex (default) submits; tfjob writes a Kubeflow TFJob "
-                             "manifest, jaxjob (--engine keras3) a Kubeflow JAXJob")
+                             "manifest, jaxjob (--engine keras3) a Kubeflow JAXJob, katib "
+                             "(with --tune) a Katib Experiment")
     parser.add_argument("--keras-backend", choices=keras_backends(),
                         help="--engine keras3 only: KERAS_BACKEND of the job's containers "
                              "(default jax; tensorflow only without --workers)")
@@ -176,7 +177,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for action in forwarded:  # refused here, not by the job once it runs
         if action.dest in POSITIVE_FLAGS:
             action.type = positive_int
-    tuning = parser.add_argument_group("hyperparameter tuning (Vertex AI)")
+    tuning = parser.add_argument_group("hyperparameter tuning (Vertex AI, Katib)")
     tuning.add_argument("--tune", metavar="FILE",
                         help="search space YAML: create a HyperparameterTuningJob over it")
     tuning.add_argument("--max-trials", type=positive_int, metavar="N",
@@ -187,8 +188,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="evaluation metric the trials report (default accuracy)")
     tuning.add_argument("--goal", choices=("max", "min"),
                         help="default: min for loss-like metric names, max otherwise")
-    tuning.add_argument("--algorithm", choices=("grid", "random"),
-                        help="default: Vertex AI's own (ALGORITHM_UNSPECIFIED)")
+    tuning.add_argument("--algorithm", choices=tuple(katib.ALGORITHMS),
+                        help="vertex: grid or random (default: Vertex AI's own, "
+                             "ALGORITHM_UNSPECIFIED); katib: any of these (default tpe)")
+    tuning.add_argument("--pruner", choices=("median", "hyperband", "asha", "none"),
+                        default="none",
+                        help="katib: stop trials that fall behind (Katib's medianstop)")
     return parser
 
 
@@ -293,7 +298,8 @@ def _study(args, config) -> Optional[space_lib.Study]:
     """The tuning study --tune asks for; its space checked against the
     hyperparameters the experiment accepts (when the experiment has a config)."""
     tuning_flags = [f for f, v in (("--max-trials", args.max_trials),
-                                   ("--goal", args.goal), ("--algorithm", args.algorithm)) if v]
+                                   ("--goal", args.goal), ("--algorithm", args.algorithm),
+                                   ("--pruner", args.pruner != "none")) if v]
     if not args.tune:
         if tuning_flags:
             raise UsageError("%s only apply with --tune FILE." % ", ".join(tuning_flags))
@@ -314,9 +320,15 @@ def _study(args, config) -> Optional[space_lib.Study]:
             raise ConfigError("%s both in --hparams and in the search space %s; give it "
                               "in one of them." % (", ".join(both), args.tune))
         space.check_hparams(lambda values: hparams.with_overrides(config, {**fixed, **values}))
+    if args.target == "vertex" and args.algorithm not in (None, "grid", "random"):
+        raise UsageError("--algorithm %s is Katib's (--target katib); Vertex AI takes grid or "
+                         "random, or its own default without --algorithm." % args.algorithm)
+    if args.target == "vertex" and args.pruner != "none":
+        raise UsageError("--pruner applies to --target katib (its medianstop); Vertex AI "
+                         "decides early stopping itself.")
     study = space_lib.Study(space, metric=args.metric, goal=args.goal,
-                            algorithm=args.algorithm, max_trials=args.max_trials,
-                            parallel_trials=args.parallel_trials)
+                            algorithm=args.algorithm if args.target == "vertex" else None,
+                            max_trials=args.max_trials, parallel_trials=args.parallel_trials)
     study.validate()
     return study
 
@@ -348,6 +360,32 @@ def _check_strategy(args) -> None:
     if args.strategy == "parameter_server" and not args.ps:
         raise ConfigError("--strategy parameter_server needs at least one parameter "
                           "server: add --ps 1 (or more).")
+
+
+def _write_katib(args, spec, study, config) -> int:
+    """``--target katib``: the Experiment, checked with Katib's API models."""
+    if study is None:
+        raise UsageError("--target katib writes a Katib Experiment: it needs --tune FILE "
+                         "(the search space) and --max-trials N.")
+    image = args.container_image or args.image
+    if not image:
+        raise UsageError("--target katib needs --container-image URI (or --image): an image "
+                         "with this package installed, such as one built from the "
+                         "repository's Dockerfile.")
+    max_steps = args.max_steps or (config.train.max_steps if config is not None else None)
+    every = args.eval_every or (config.train.eval_every_steps if config is not None else 1)
+    experiment = katib.build_experiment(
+        spec, study, image, algorithm=args.algorithm or katib.DEFAULT_ALGORITHM,
+        pruner=args.pruner, first_step=min(every, max_steps or every), max_steps=max_steps)
+    katib.check(experiment)
+    text = tfjob.to_yaml(experiment)
+    if args.output:
+        io.atomic_write(args.output, text)
+        print("wrote %s; start it with: kubectl create -f %s"
+              % (args.output, shlex.quote(args.output)), file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> int:
@@ -392,6 +430,8 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
         container_image=args.container_image, modules=modules, package_dirs=package_dirs,
         config=getattr(args, "config", None), keras_backend=args.keras_backend)
 
+    if args.target == "katib":
+        return _write_katib(args, spec, study, _config(args, experiment))
     if args.target in KUBEFLOW_TARGETS:
         image = args.container_image or args.image
         if not image:

@@ -23,7 +23,7 @@ from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError, Preempted, UsageError
 from experiments import submit as submit_cmd
 from experiments import tune, tune_cmd
-from support import ROOT, child_env, sample_flag_value
+from support import ROOT, child_env, cli, sample_flag_value
 
 ISSUE_SPACE = """\
 learning_rate: {type: double, min: 0.0001, max: 0.01, scale: log}
@@ -962,3 +962,135 @@ def test_two_workers_on_postgresql_and_a_killed_ones_trial_is_retried(tmp_path, 
         ran_b = _ran(tmp_path / "b")
         assert killed not in ran_b and sorted(ran_b) == sorted(set(range(7)) - {killed})
         assert all(len(p) == 1 for p in ran_b.values())
+
+
+# ------------------------------------------------------------------ Katib
+
+KATIB_ARGS = ["submit", "fashion_mnist_mlp", "--target", "katib", "--max-trials", "12",
+              "--parallel-trials", "3", "--container-image",
+              "us-docker.pkg.dev/p/r/estimator-keras:1", "--job-dir", "gs://my-bucket/katib",
+              "--data-dir", "gs://my-bucket/data", "--max-steps", "1500", "--eval-every", "250"]
+# Katib's StdOut collector's default filter (its metricsFormat).
+KATIB_FILTER = r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)"
+
+
+def _katib(tmp_path, space_text, *extra):
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text)
+    out = tmp_path / "experiment.yaml"
+    rc, _, err = cli(*KATIB_ARGS, "--tune", space, "--output", out, *extra)
+    assert rc == 0, err
+    return yaml.safe_load(out.read_text())
+
+
+def test_katib_experiment_holds_the_space_and_passes_katibs_models(tmp_path):
+    from estimator_keras.cloud import katib  # pylint: disable=import-outside-toplevel
+    experiment = _katib(tmp_path, "learning_rate: {type: double, min: 0.0001, max: 0.01, "
+                                  "scale: log}\n"
+                                  "batch_size: {type: integer, min: 64, max: 256}\n"
+                                  "units: {type: discrete, values: [64, 128]}\n"
+                                  "optimizer: {type: categorical, values: [adam, rmsprop]}\n",
+                        "--pruner", "median")
+    katib.check(experiment)  # what the command already did before writing
+    spec = experiment["spec"]
+    assert experiment["apiVersion"] == "kubeflow.org/v1beta1"
+    assert experiment["kind"] == "Experiment"
+    assert spec["objective"] == {"type": "maximize", "objectiveMetricName": "accuracy"}
+    assert spec["algorithm"] == {"algorithmName": "tpe"}
+    assert spec["earlyStopping"] == {"algorithmName": "medianstop"}
+    assert (spec["maxTrialCount"], spec["parallelTrialCount"]) == (12, 3)
+    assert spec["parameters"] == [
+        {"name": "learning_rate", "parameterType": "double",
+         "feasibleSpace": {"min": "0.0001", "max": "0.01", "distribution": "logUniform"}},
+        {"name": "batch_size", "parameterType": "int",
+         "feasibleSpace": {"min": "64", "max": "256"}},
+        {"name": "units", "parameterType": "discrete",
+         "feasibleSpace": {"list": ["64", "128"]}},
+        {"name": "optimizer", "parameterType": "categorical",
+         "feasibleSpace": {"list": ["adam", "rmsprop"]}}]
+    template = spec["trialTemplate"]
+    assert [p["reference"] for p in template["trialParameters"]] == [
+        "learning_rate", "batch_size", "units", "optimizer"]
+    container, = template["trialSpec"]["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == template["primaryContainerName"]
+    command = container["command"]
+    assert command[command.index("--model-dir") + 1] == "gs://my-bucket/katib/trials/" \
+                                                        "${trialSpec.Name}"
+    assert "--tuning-trial" in command and "--print-evaluations" in command
+    assert "--units=${trialParameters.units}" in command
+
+    # A field Katib's models do not know is refused by name, though pydantic
+    # alone would drop it without a word.
+    spec["parallelTrialCont"] = 3
+    spec["parameters"][0]["feasibleSpace"]["maximum"] = "0.1"
+    with pytest.raises(ConfigError, match="do not know") as refused:
+        katib.check(experiment)
+    assert "spec.parallelTrialCont" in str(refused.value)
+    assert "spec.parameters[0].feasibleSpace.maximum" in str(refused.value)
+
+
+@pytest.mark.parametrize("algorithm, katib_name", [
+    ("random", "random"), ("cmaes", "cmaes"), ("qmc", "sobol"), ("sobol", "sobol"),
+    ("bayesianoptimization", "bayesianoptimization")])
+def test_katib_algorithms_take_katibs_names(tmp_path, algorithm, katib_name):
+    experiment = _katib(tmp_path, "learning_rate: {type: double, min: 0.0001, max: 0.1}\n",
+                        "--algorithm", algorithm)
+    assert experiment["spec"]["algorithm"]["algorithmName"] == katib_name
+    assert "earlyStopping" not in experiment["spec"]
+
+
+def test_katib_hyperband_tunes_the_steps_itself(tmp_path):
+    experiment = _katib(tmp_path, "learning_rate: {type: double, min: 0.0001, max: 0.1}\n",
+                        "--algorithm", "hyperband")
+    spec = experiment["spec"]
+    assert {s["name"]: s["value"] for s in spec["algorithm"]["algorithmSettings"]} == {
+        "resource_name": "max_steps", "eta": "3", "r_l": "1500"}
+    assert spec["parameters"][-1] == {"name": "max_steps", "parameterType": "int",
+                                      "feasibleSpace": {"min": "250", "max": "1500"}}
+    command = spec["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+    assert "--max-steps" not in command and "--max_steps=${trialParameters.max_steps}" in command
+
+
+def test_katib_refusals(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: double, min: 0.0001, max: 0.1}\n")
+    without_trials = [a for a in KATIB_ARGS if a not in ("--max-trials", "12")]
+    rc, _, err = cli(*without_trials)
+    assert rc == 2 and "--target katib writes a Katib Experiment: it needs --tune" in err
+    rc, _, err = cli(*KATIB_ARGS, "--tune", space, "--workers", 2)
+    assert rc == 2 and "each trial as one pod" in err
+    rc, _, err = cli(*KATIB_ARGS, "--tune", space, "--algorithm", "grid")
+    assert rc != 0 and "grid search needs integer, discrete or categorical" in err
+    vertex = [a if a != "katib" else "vertex" for a in KATIB_ARGS]
+    rc, _, err = cli(*vertex, "--tune", space, "--algorithm", "tpe", "--dry-run")
+    assert rc == 2 and "is Katib's (--target katib)" in err
+
+
+@pytest.mark.slow
+def test_a_katib_trials_command_prints_what_its_collector_reads(fashion_data, tmp_path):
+    import re  # pylint: disable=import-outside-toplevel
+    experiment = _katib(tmp_path, "learning_rate: {type: double, min: 0.0001, max: 0.1}\n")
+    command = experiment["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+    # What Katib's controller substitutes, and this machine's folders.
+    values = {"${trialParameters.learning_rate}": "0.003",
+              "${trialSpec.Name}": "trial-abc"}
+    argv = command[3:]
+    for placeholder, value in values.items():
+        argv = [a.replace(placeholder, value) for a in argv]
+    argv = [str(tmp_path / "katib" / "trials" / "trial-abc") if a.startswith("gs://my-bucket/katib")
+            else str(fashion_data) if a == "gs://my-bucket/data" else a for a in argv]
+    for flag, value in (("--max-steps", "40"), ("--eval-every", "20")):
+        argv[argv.index(flag) + 1] = value
+    done = subprocess.run([sys.executable, "-m", "experiments", *argv], cwd=ROOT,
+                          env=child_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Katib reads the trial's whole log (stdout and stderr): its metric
+    # appears exactly once per evaluation, as name=value.
+    found = [(m.group(1), float(m.group(2))) for line in (done.stdout + done.stderr).splitlines()
+             for m in re.finditer(KATIB_FILTER, line) if m.group(1) == "accuracy"]
+    assert len(found) == 2 and all(0 < v <= 1 for _, v in found), found
+    exported = json.loads((tmp_path / "katib" / "trials" / "trial-abc" / "export" /
+                           "export.json").read_text())
+    assert exported["metrics"]["accuracy"] == pytest.approx(found[-1][1], abs=1e-5)

@@ -93,11 +93,12 @@ def gpu_limits(gpus: int) -> Dict[str, Any]:
 # What each Kubeflow job kind trains under, for refusals.
 KUBEFLOW_KINDS = ("tfjob", "jaxjob")
 _KIND_RUNS = {"tfjob": "a TFJob's replicas train under TensorFlow's MultiWorkerMirroredStrategy",
-              "jaxjob": "a JAXJob's processes train together with JAX's distributed runtime"}
+              "jaxjob": "a JAXJob's processes train together with JAX's distributed runtime",
+              "katib": "a Katib trial is one pod that runs train"}
 
 
 def check_engine(target: str, engine: str) -> None:
-    """ConfigError for an engine the Kubeflow job ``target`` (tfjob, jaxjob) cannot
+    """ConfigError for an engine the Kubeflow job ``target`` (tfjob, jaxjob, katib) cannot
     run: the engine's registry entry lists the job kinds that run it."""
     entry = job_entry(engine)
     if target in entry.job_kinds:

@@ -76,7 +76,7 @@ class Entry:
     TensorFlow's runtime (a :class:`~estimator_keras.distribute.groups.ProcessGroup`
     source), or None where it has none."""
     job_kinds: Tuple[str, ...] = ()
-    """Cloud jobs that run it: "vertex", "tfjob", "jaxjob"."""
+    """Cloud jobs that run it: "vertex", "tfjob", "jaxjob", "katib" (a trial: one pod)."""
     prebuilt_image: Optional[str] = None
     """TensorFlow version of the Google prebuilt Vertex AI training image it
     runs on ("2-15"); None: no prebuilt image has what it needs, so a Vertex

@@ -35,7 +35,7 @@ ENTRY = Entry(
     cluster=Cluster(("chief", "worker", "ps", "evaluator"),
                     ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
                     where=" (TensorFlow 2.15)"),
-    job_kinds=("vertex", "tfjob"),
+    job_kinds=("vertex", "tfjob", "katib"),
     prebuilt_image="2-15",
     claims=_claims,
 )

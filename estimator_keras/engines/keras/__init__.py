@@ -37,7 +37,7 @@ ENTRY = Entry(
     cluster=Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
                     "trains with Model.fit under MultiWorkerMirroredStrategy and evaluates on "
                     "the chief"),
-    job_kinds=("vertex", "tfjob"),
+    job_kinds=("vertex", "tfjob", "katib"),
     prebuilt_image="2-17",
     # The 2.17 image's own Keras is Keras 3; tf-keras 2.17 needs its tensorflow 2.17.
     image_requires=("tf-keras~=2.17.0",),
