@@ -45,11 +45,14 @@ _NUMERIC_ONLY = {"cmaes": "CMA-ES", "qmc": "quasi-Monte Carlo (QMC)"}
 def optuna():
     """The ``optuna`` module, or a UsageError saying which extra brings it."""
     try:
-        return importlib.import_module("optuna")
+        module = importlib.import_module("optuna")
     except ImportError as e:
         raise UsageError(
             f"tune needs Optuna, which is not installed ({e}). Install the tune extra: pip "
             f"install -e '.[tune]' (Optuna, its database drivers and plots).") from None
+    # tune says what happens in its own lines; Optuna's are for its warnings.
+    module.logging.set_verbosity(module.logging.WARNING)
+    return module
 
 
 def distributions(space: space_lib.SearchSpace) -> Dict[str, object]:

@@ -153,6 +153,9 @@ ENVIRONMENTS = {
         skips={
             "tests/test_docs.py::test_the_docs_build_strictly":
                 "MkDocs comes with the docs extra, which the Quickstart does not install",
+            "tests/test_docs.py::test_the_pages_examples_run[[]docs/howto/tuning.md[]]":
+                "the page runs `tune`, which needs the tune extra (Optuna); the Quickstart "
+                "does not install it",
             "tests/test_a_fourth_engine.py::test_the_docs_engine_table_has_its_column":
                 "MkDocs comes with the docs extra, which the Quickstart does not install",
             "tests/test_engine_interface.py::*[[]estimator[]]":

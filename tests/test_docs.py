@@ -590,6 +590,10 @@ def test_a_page_whose_only_example_is_a_transcript_is_run(tmp_path):
 def test_the_pages_examples_run(page, tmp_path):
     if not os.path.isdir(FASHION):
         pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
+    if any(args[:1] == ["tune"] for args in _page_commands(page)) and \
+            importlib.util.find_spec("optuna") is None:
+        pytest.skip("the page runs `tune`, which needs the tune extra (Optuna); the "
+                    "Quickstart does not install it")
     project, env = _project(tmp_path)
     engine = docs_engine()
     last, compared = None, []
