@@ -53,7 +53,7 @@ from estimator_keras.cloud import space as space_lib
 from estimator_keras.distribute import netns
 from estimator_keras.distribute.launcher import signal_group
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
-from experiments import evaluations, search, studies, tune_config
+from experiments import evaluations, search, studies, tune_config, tune_plots
 from experiments.tune_config import StudyConfig
 from experiments.tune_table import (TRIALS_CSV, Trial, best_trial, copy_best, row, rows,
                                     trial_dir, write_table)
@@ -521,8 +521,7 @@ def run_study(config: StudyConfig) -> StudyResult:
     write_table(config, ordered)
     best = best_trial(ordered, config.study.resolved_goal)
     if config.plots:
-        from experiments import tune_plots  # pylint: disable=import-outside-toplevel
-        for path in tune_plots.write(study, config.model_dir, config.study.metric):
+        for path in tune_plots.write(study, config.model_dir, config.study.metric, say):
             say("plot: %s" % path)
     if best is None:
         raise EstimatorKerasError(

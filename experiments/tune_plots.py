@@ -13,7 +13,7 @@ extra brings it.
 
 import os
 import warnings
-from typing import List
+from typing import Callable, List
 
 from estimator_keras import io
 from experiments import search
@@ -21,19 +21,15 @@ from experiments import search
 PLOTS = ("optimization_history", "param_importances", "intermediate_values")
 
 
-def _say(message):
-    from experiments.tune import say  # pylint: disable=import-outside-toplevel
-    say(message)
-
-
-def write(study, folder: str, metric: str) -> List[str]:
-    """Draws the plots of ``study`` into ``folder``; returns the files written."""
+def write(study, folder: str, metric: str, say: Callable[[str], None]) -> List[str]:
+    """Draws the plots of ``study`` into ``folder``; returns the files written
+    (``say`` tells why one is not drawn)."""
     try:
         import matplotlib  # pylint: disable=import-outside-toplevel
         matplotlib.use("Agg")
         from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
     except ImportError as e:
-        _say(f"no plots: matplotlib is not installed ({e}); the tune extra brings it")
+        say(f"no plots: matplotlib is not installed ({e}); the tune extra brings it")
         return []
     optuna = search.optuna()
     plots = optuna.visualization.matplotlib
@@ -41,7 +37,7 @@ def write(study, folder: str, metric: str) -> List[str]:
     written = []
     for name in PLOTS:
         if name == "param_importances" and len(done) < 2:
-            _say("no parameter importances yet: they need two succeeded trials")
+            say("no parameter importances yet: they need two succeeded trials")
             continue
         if not done and name != "intermediate_values":
             continue
@@ -51,7 +47,7 @@ def write(study, folder: str, metric: str) -> List[str]:
                 axes = getattr(plots, f"plot_{name}")(study, target_name=metric) \
                     if name != "intermediate_values" else plots.plot_intermediate_values(study)
             except (ValueError, RuntimeError, ZeroDivisionError) as e:
-                _say(f"no {name.replace('_', ' ')} plot: {e}")
+                say(f"no {name.replace('_', ' ')} plot: {e}")
                 continue
         figure = getattr(axes, "figure", None) or axes.flat[0].figure
         figure.set_size_inches(8, 5)

@@ -107,4 +107,5 @@ def test_the_docs_engine_table_has_its_column(registered):
     table = generate.GENERATORS["engines"]()
     header = next(line for line in table.splitlines() if line.startswith("| |"))
     assert header.split("|")[2:-1] == [" `estimator` ", " `keras` ", " `keras3` ", " `fourth` "]
-    assert "| cloud jobs | vertex, tfjob | vertex, tfjob | vertex, jaxjob | vertex |" in table
+    assert ("| cloud jobs | vertex, tfjob, katib | vertex, tfjob, katib | vertex, jaxjob, katib "
+            "| vertex |") in table

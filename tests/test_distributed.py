@@ -222,8 +222,10 @@ def test_parameter_server_cluster_with_evaluator(data_dir, tmp_path):
     # per-index delay), and an idle machine runs this MLP at ~300 steps/s, so
     # the run must be long enough for the worker to join the training.
     max_steps = 3000
+    evaluations = tmp_path / "evaluations.jsonl"  # what tune's pruner reads of a trial
     run = Cluster(model_dir, tmp_path / "ps-logs", ["--workers", "1", "--ps", "1", "--evaluator"],
-                  _train_flags(data_dir, max_steps, 1000, log_every=50)).run()
+                  _train_flags(data_dir, max_steps, 1000, "--evaluations-file",
+                               str(evaluations), log_every=50)).run()
     try:
         assert run.returncode == 0, run.output()[-3000:]
         assert set(run.pids()) == {"chief-0", "worker-0", "ps-0", "evaluator-0"}
@@ -252,6 +254,9 @@ def test_parameter_server_cluster_with_evaluator(data_dir, tmp_path):
     assert "[evaluator-0] experiment fashion_mnist_mlp: strategy none" in evaluator
     evaluated = [int(s) for s in re.findall(r"evaluated step (\d+): accuracy \d\.\d+", evaluator)]
     assert evaluated and max(evaluated) >= max_steps, evaluator[-2000:]
+    # The task that evaluates records each evaluation, once, as it happens.
+    recorded = [json.loads(line) for line in evaluations.read_text().splitlines()]
+    assert [r["step"] for r in recorded] == evaluated
 
     # Only the chief exports and prints the final summary, exactly once.
     assert logs["chief-0"].count("final metrics:") == 1

@@ -201,7 +201,9 @@ def _assert_all_gone(pids):
 
 def test_cluster_trains_exports_once_and_a_finished_rerun_is_a_noop(fashion_data, tmp_path):
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
-    args = _cluster_args(fashion_data, model_dir, logs, 40, 20)
+    evaluations = tmp_path / "evaluations.jsonl"  # what tune's pruner reads of a trial
+    args = _cluster_args(fashion_data, model_dir, logs, 40, 20, "--evaluations-file",
+                         evaluations)
     rc, out = _run_cluster(args, tmp_path, "first")
     assert rc == 0, out[-4000:]
     assert "Local cluster finished" in out
@@ -222,6 +224,10 @@ def test_cluster_trains_exports_once_and_a_finished_rerun_is_a_noop(fashion_data
     # checkpoint aside, so no export holds the worker up meanwhile.
     evaluated = [float(a) for a in re.findall(r"evaluated step \d+: accuracy ([\d.]+)", chief)]
     assert len(evaluated) == 2
+    # Process 0 alone records each evaluation, once.
+    recorded = [json.loads(line) for line in evaluations.read_text().splitlines()]
+    assert [r["step"] for r in recorded] == [20, 40]
+    assert [r["metrics"]["accuracy"] for r in recorded] == pytest.approx(evaluated, abs=1e-4)
     assert "its checkpoint is set aside" in chief
     assert chief.count("new best accuracy") == 1
     assert chief.index("new best accuracy") > chief.index("trained to step 40")
