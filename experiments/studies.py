@@ -181,9 +181,9 @@ def is_surplus(trial) -> bool:
 
 
 def originals_before(trials: List[object], number: int) -> int:
-    """Original (not retried, not surplus... see the module) trials numbered
-    below ``number``. A trial counted surplus has N originals below it, so
-    counting it too changes no answer to "are there N below me"."""
+    """Original trials (not retries) numbered below ``number``. Surplus ones
+    count too: each has N originals below it, so counting them changes no
+    answer to "are there N below this one"."""
     return sum(1 for t in trials if t.number < number and retried_number(t) is None)
 
 

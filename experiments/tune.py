@@ -437,7 +437,7 @@ def _state(name: str):
     return getattr(search.optuna().trial.TrialState, name)
 
 
-def _retry_failed(study, config: StudyConfig) -> None:
+def _retry_failed(study) -> None:
     """Queues each failed or timed-out original trial again, with the same
     values; the retry takes its place among the study's trials."""
     trials = study.get_trials(deepcopy=False)
@@ -489,7 +489,7 @@ def run_study(config: StudyConfig) -> StudyResult:
     io.makedirs(config.model_dir)
     study, storage = open_study(config)
     if config.retry_failed:
-        _retry_failed(study, config)
+        _retry_failed(study)
     table = rows(study, config.model_dir)
     finished = sum(1 for t in table if t.finished)
     if table:

@@ -1094,3 +1094,30 @@ def test_a_katib_trials_command_prints_what_its_collector_reads(fashion_data, tm
     exported = json.loads((tmp_path / "katib" / "trials" / "trial-abc" / "export" /
                            "export.json").read_text())
     assert exported["metrics"]["accuracy"] == pytest.approx(found[-1][1], abs=1e-5)
+
+
+def test_a_journal_file_holds_a_study_too(tmp_path, fake_python):
+    journal = tmp_path / "shared" / "study.log"
+    config = _study_config(tmp_path, fake_python, "x: {type: discrete, values: [0.3, 0.6]}\n",
+                           storage="journal:%s" % journal)
+    result = tune.run_study(config)
+    assert sorted(t.hparams["x"] for t in result.trials) == [0.3, 0.6]
+    assert all(t.status == "succeeded" for t in result.trials)
+    assert journal.stat().st_size > 0
+    assert not os.path.exists(os.path.join(config.model_dir, "study.db"))
+    # Run again on the journal: the study is there, nothing runs twice.
+    again = tune.run_study(config)
+    assert [t.trial for t in again.trials] == [0, 1]
+    assert all(len(_calls(config, n)) == 1 for n in (0, 1))
+
+
+def test_storage_urls_are_checked_and_passwords_kept_out_of_messages(tmp_path):
+    from experiments import studies  # pylint: disable=import-outside-toplevel
+    assert studies.describe("postgresql://tuner:secret@db:5432/studies") == \
+        "postgresql://tuner:***@db:5432/studies"
+    assert studies.describe("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    with pytest.raises(UsageError, match="not a storage URL"):
+        studies.open_storage(str(tmp_path / "study.db"))
+    with pytest.raises(ConfigError, match=r"postgresql://tuner:\*\*\*@127\.0\.0\.1:9/none: "
+                                          r"cannot open"):
+        studies.open_storage("postgresql://tuner:secret@127.0.0.1:9/none")
