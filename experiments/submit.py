@@ -378,7 +378,12 @@ def _write_katib(args, spec, study, config) -> int:
         spec, study, image, algorithm=args.algorithm or katib.DEFAULT_ALGORITHM,
         pruner=args.pruner, first_step=min(every, max_steps or every), max_steps=max_steps)
     katib.check(experiment)
-    text = tfjob.to_yaml(experiment)
+    return _write_manifest(args, experiment)
+
+
+def _write_manifest(args, manifest) -> int:
+    """A Kubernetes object as YAML: to --output (atomically), or stdout."""
+    text = tfjob.to_yaml(manifest)
     if args.output:
         io.atomic_write(args.output, text)
         print("wrote %s; start it with: kubectl create -f %s"
@@ -440,16 +445,9 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
                              "the repository's Dockerfile (a Kubeflow job cannot install "
                              "the sdist)." % args.target)
         if study is not None:
-            raise UsageError("--tune runs on Vertex AI only; for a local study use "
-                             "`python -m experiments tune`.")
-        text = tfjob.to_yaml(KUBEFLOW_TARGETS[args.target](spec, image))
-        if args.output:
-            io.atomic_write(args.output, text)
-            print("wrote %s; start it with: kubectl create -f %s"
-                  % (args.output, shlex.quote(args.output)), file=sys.stderr)
-        else:
-            sys.stdout.write(text)
-        return 0
+            raise UsageError("--tune runs on Vertex AI or Katib (--target katib); for a "
+                             "local study use `python -m experiments tune`.")
+        return _write_manifest(args, KUBEFLOW_TARGETS[args.target](spec, image))
 
     if not args.project or not args.region:
         raise UsageError("Vertex AI needs --project and --region (for example "
