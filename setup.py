@@ -72,6 +72,8 @@ setup(
     #   pip install -e '.[keras-cpu]' && pip install --no-deps "tf-keras~=2.21.0"
     #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
     #   pip install -e '.[tune]'       Optuna for `tune` (samplers, pruners, shared studies)
+    #   pip install -e '.[cloud]'      Vertex AI's SDK and types for `submit`
+    #   pip install -e '.[kubeflow]'   Kubeflow Trainer v2 (TrainJob checks, progress reports)
     install_requires=["pyyaml"] + _job_requires(),
     extras_require={
         "cpu": _by_python(["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
@@ -92,6 +94,10 @@ setup(
                  'optuna==5.0.*; python_version < "3.10"',
                  "cmaes", "scipy", "matplotlib", "psycopg[binary]>=3.1",
                  "kubeflow-katib-api==0.19.*"],
+        # Kubeflow Trainer v2: the SDK reports a TrainJob's progress from its
+        # chief (Python 3.10+); its API models check `submit --target trainjob`.
+        "kubeflow": ['kubeflow>=0.5,<0.6; python_version >= "3.10"',
+                     "kubeflow-trainer-api==2.3.*"],
         # The benchmarks' PNG plots (python -m benchmarks, from a checkout), and
         # keras-tuner, the peer of the tuning table.
         "bench": ["matplotlib", "keras-tuner[bayesian]"],
