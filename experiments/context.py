@@ -15,7 +15,7 @@ import tensorflow as tf
 from estimator_keras import engines, inputs, manifest, model_inputs, precision, records
 from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
-from estimator_keras.distribute import tf_config
+from estimator_keras.distribute import tf_config, trainjob_pods
 from estimator_keras.engines import base, optimizers
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import DataError, SchemaError
@@ -217,6 +217,9 @@ class RunContext:
               strategy="auto", engine="auto", skip_corrupt=False, prepare_workers=1,
               export_dir=None, tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS,
               flat_export=False, hypertune_metric=None, evaluations=None):
+        # A TrainJob pod on the TensorFlow runtime gets its TF_CONFIG here,
+        # before anything reads it.
+        trainjob_pods.export_tf_config()
         engine_name = engine_for(engine, model_dir)
         # A strategy the engine never runs is refused before choose_strategy
         # asks the cluster for what that strategy needs (ps tasks...).
@@ -256,7 +259,9 @@ class RunContext:
             # others see: they all train, or none does.
             start_step = int(training_group.from_process_0(start_step))
         seed = base.run_seed(config.train.seed, start_step)
-        policy, policy_reason = precision.resolve(config.train.precision)
+        refuses = engines.registry.get(engine_obj.name).no_bfloat16
+        policy, policy_reason = precision.resolve(
+            config.train.precision, no_bfloat16=refuses(strategy_name) if refuses else "")
         if config.train.precision != "float32":
             task_log(info, f"precision {policy} ({config.train.precision}: {policy_reason}); "
                            f"variables and exports stay float32")

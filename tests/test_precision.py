@@ -30,6 +30,23 @@ def test_auto_picks_bfloat16_only_on_a_cpu_that_has_it(tmp_path, monkeypatch):
     assert precision.resolve("mixed_bfloat16", cpuinfo=without)[0] == "mixed_bfloat16"
 
 
+def test_an_engine_and_strategy_without_bfloat16_keep_auto_float32_and_refuse_bfloat16(
+        tmp_path, monkeypatch):
+    from estimator_keras.engines import registry
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    with_bf16 = _cpuinfo(tmp_path, "bf16", "avx512f avx512_bf16")
+    refuses = registry.get("estimator").no_bfloat16
+    why = refuses("multi_worker_mirrored")
+    assert "_FusedConv2D" in why and refuses("parameter_server") == why
+    assert refuses("none") == refuses("mirrored") == ""
+    assert precision.resolve("auto", has_gpu=False, cpuinfo=with_bf16,
+                             no_bfloat16=why) == ("float32", why)
+    with pytest.raises(ConfigError, match="mixed_bfloat16 cannot train here: TensorFlow 2.15"):
+        precision.resolve("mixed_bfloat16", cpuinfo=with_bf16, no_bfloat16=why)
+    assert precision.resolve("auto", has_gpu=False, cpuinfo=with_bf16,
+                             no_bfloat16=refuses("none"))[0] == "mixed_bfloat16"
+
+
 def test_an_unknown_precision_names_the_choices():
     with pytest.raises(ConfigError, match="precision must be one of float32, mixed_bfloat16, "
                                           "auto; got 'fp16'"):

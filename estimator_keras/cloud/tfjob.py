@@ -91,8 +91,10 @@ def gpu_limits(gpus: int) -> Dict[str, Any]:
 
 
 # What each Kubeflow job kind trains under, for refusals.
-KUBEFLOW_KINDS = ("tfjob", "jaxjob")
-_KIND_RUNS = {"tfjob": "a TFJob's replicas train under TensorFlow's MultiWorkerMirroredStrategy",
+KUBEFLOW_KINDS = ("trainjob", "tfjob", "jaxjob")
+_KIND_RUNS = {"trainjob": "a TrainJob's nodes train as a TF_CONFIG cluster or a JAX process "
+                          "group",
+              "tfjob": "a TFJob's replicas train under TensorFlow's MultiWorkerMirroredStrategy",
               "jaxjob": "a JAXJob's processes train together with JAX's distributed runtime",
               "katib": "a Katib trial is one pod that runs train"}
 

@@ -10,8 +10,11 @@ each global batch. Each process reads its own share of the training files.
 
 :func:`from_environ` finds the group where the platforms put it, in this order:
 
-- a Kubeflow JAXJob: ``COORDINATOR_ADDRESS``, ``COORDINATOR_PORT``,
-  ``NUM_PROCESSES`` and ``PROCESS_ID`` in every pod;
+- a Kubeflow JAXJob (training-operator v1): ``COORDINATOR_ADDRESS``,
+  ``COORDINATOR_PORT``, ``NUM_PROCESSES`` and ``PROCESS_ID`` in every pod;
+- a Kubeflow Trainer v2 TrainJob on the ``jax-distributed`` runtime:
+  ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``
+  (:mod:`~estimator_keras.distribute.trainjob_pods`);
 - Vertex AI: ``CLUSTER_SPEC`` (worker pool 0 is process 0, pool 1 the rest);
 - ``TF_CONFIG`` (a local ``cluster`` or a TFJob): the chief, then the workers,
   with the chief's address as the coordinator.
@@ -36,7 +39,7 @@ import json
 import os
 import random
 
-from estimator_keras.distribute import groups, tf_config
+from estimator_keras.distribute import groups, tf_config, trainjob_pods
 from estimator_keras.errors import ClusterConfigError
 
 JAXJOB_VARIABLES = ("COORDINATOR_ADDRESS", "COORDINATOR_PORT", "NUM_PROCESSES", "PROCESS_ID")
@@ -151,6 +154,14 @@ def _from_jaxjob(environ):
         JAXJOB_VARIABLES) + ")")
 
 
+def _from_trainjob(environ):
+    found = trainjob_pods.jax_group(environ)
+    if found is None:
+        return None
+    return ProcessGroup(*found, "Kubeflow TrainJob (" + ", ".join(
+        trainjob_pods.JAX_VARIABLES) + ")")
+
+
 def _from_cluster_spec(text):
     where = CLUSTER_SPEC_VARIABLE
     try:
@@ -209,7 +220,7 @@ def _from_tf_config(info):
 
 def from_environ(environ=None, info=None):
     """The :class:`ProcessGroup` this process belongs to, or None when it
-    trains alone: from a JAXJob's variables, else Vertex's ``CLUSTER_SPEC``,
+    trains alone: from a JAXJob's variables, else a TrainJob's, else Vertex's ``CLUSTER_SPEC``,
     else ``TF_CONFIG`` (``info``: its parsed
     :class:`~estimator_keras.distribute.tf_config.ClusterInfo`, None parses it).
     A group of one process is None too: nothing to join.
@@ -219,6 +230,13 @@ def from_environ(environ=None, info=None):
     """
     environ = os.environ if environ is None else environ
     group = _from_jaxjob(environ)
+    trainjob = _from_trainjob(environ)
+    if group is not None and trainjob is not None:
+        raise ClusterConfigError(
+            f"both a JAXJob's variables ({', '.join(JAXJOB_VARIABLES)}) and a TrainJob's "
+            f"({', '.join(trainjob_pods.JAX_VARIABLES)}) are set: one pod belongs to one job. "
+            f"Unset the ones that do not describe this job.")
+    group = group or trainjob
     if group is None and environ.get(CLUSTER_SPEC_VARIABLE, "").strip():
         group = _from_cluster_spec(environ[CLUSTER_SPEC_VARIABLE])
     if group is None:

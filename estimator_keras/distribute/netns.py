@@ -85,7 +85,8 @@ def _write(path, text):
         f.write(text)
 
 
-def _loopback_up():
+def loopback_up():
+    """Brings the network namespace's ``lo`` up (a new one starts with it down)."""
     import fcntl  # pylint: disable=import-outside-toplevel
     import socket  # pylint: disable=import-outside-toplevel
     import struct  # pylint: disable=import-outside-toplevel
@@ -130,7 +131,7 @@ def _hold():
             _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
             _write("/proc/self/setgroups", "deny\n")
             _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
-        _loopback_up()
+        loopback_up()
     except OSError as e:
         print("fail", f"setting up the new namespace failed: {e}", flush=True)
         return 1

@@ -27,6 +27,9 @@ from estimator_keras.errors import ConfigError
 BUILT_IN = ("estimator_keras.engines.estimator", "estimator_keras.engines.keras",
             "estimator_keras.engines.keras3")
 AUTO = "auto"
+TENSORFLOW_RUNTIME = "estimator-keras-tensorflow"
+"""This package's ClusterTrainingRuntime for TensorFlow clusters (TF_CONFIG) on
+Kubeflow Trainer v2, which has none of its own."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,12 @@ class Entry:
     TensorFlow's runtime (a :class:`~estimator_keras.distribute.groups.ProcessGroup`
     source), or None where it has none."""
     job_kinds: Tuple[str, ...] = ()
-    """Cloud jobs that run it: "vertex", "tfjob", "jaxjob", "katib" (a trial: one pod)."""
+    """Cloud jobs that run it: "vertex", "trainjob", "tfjob", "jaxjob", "katib" (a trial:
+    one pod)."""
+    trainjob_runtime: str = ""
+    """The Kubeflow Trainer v2 ClusterTrainingRuntime its TrainJobs name:
+    "jax-distributed" (Trainer's own), or this package's TensorFlow runtime
+    (:data:`TENSORFLOW_RUNTIME`, ``submit --target trainjob --print-runtime``)."""
     prebuilt_image: Optional[str] = None
     """TensorFlow version of the Google prebuilt Vertex AI training image it
     runs on ("2-15"); None: no prebuilt image has what it needs, so a Vertex
@@ -103,6 +111,10 @@ class Entry:
     no_tf_multi_worker: str = ""
     """Why it does not train under TensorFlow's MultiWorkerMirroredStrategy
     (a TF_CONFIG cluster, a TFJob), or "" where it does."""
+    no_bfloat16: Optional[Callable[[str], str]] = None
+    """``fn(strategy) -> str``: why it cannot train in mixed_bfloat16 under that
+    strategy ("" where it can), or None where it always can; "auto" precision
+    then stays float32 and an explicit mixed_bfloat16 is refused."""
     image_hint: str = ""
     """Where no prebuilt image serves it: what its image must hold, and how
     to build one."""
@@ -124,6 +136,7 @@ class Entry:
             "cluster tasks": ", ".join(self.cluster.tasks),
             "strategies": ", ".join(self.cluster.strategies),
             "cloud jobs": ", ".join(self.job_kinds) or "none",
+            "TrainJob runtime": self.trainjob_runtime or "none",
             "Vertex AI image": (f"Google's prebuilt TensorFlow {self.prebuilt_image.replace('-', '.')}"
                                 + (f" + {', '.join(self.image_requires)}"
                                    if self.image_requires else "")

@@ -7,7 +7,7 @@ This module is the engine's registry entry only: it imports no TensorFlow.
 """
 
 from estimator_keras.engines import keras_setup
-from estimator_keras.engines.registry import Cluster, Entry
+from estimator_keras.engines.registry import TENSORFLOW_RUNTIME, Cluster, Entry
 
 
 def _status(tf_version):
@@ -25,6 +25,17 @@ def _claims(reader):
     return checkpoints.claims(reader)
 
 
+def _no_bfloat16(strategy):
+    # Found by a 3-pod TrainJob test: in a TF_CONFIG cluster the Estimator's
+    # graph runs on TensorFlow's distributed runtime, which fuses convolutions
+    # into _FusedConv2D, an op TensorFlow 2.15 has no bfloat16 CPU kernel for.
+    # One process (none, mirrored) trains in bfloat16.
+    if strategy in ("multi_worker_mirrored", "parameter_server"):
+        return ("TensorFlow 2.15's Estimator in a cluster runs fused convolutions "
+                "(_FusedConv2D), which have no bfloat16 CPU kernel")
+    return ""
+
+
 ENTRY = Entry(
     name="estimator",
     engine="estimator_keras.engines.estimator.engine:EstimatorEngine",
@@ -35,7 +46,9 @@ ENTRY = Entry(
     cluster=Cluster(("chief", "worker", "ps", "evaluator"),
                     ("none", "mirrored", "multi_worker_mirrored", "parameter_server"),
                     where=" (TensorFlow 2.15)"),
-    job_kinds=("vertex", "tfjob", "katib"),
+    job_kinds=("vertex", "trainjob", "tfjob", "katib"),
+    no_bfloat16=_no_bfloat16,
+    trainjob_runtime=TENSORFLOW_RUNTIME,
     prebuilt_image="2-15",
     claims=_claims,
 )

@@ -7,7 +7,7 @@ This module is the engine's registry entry only: it imports no TensorFlow.
 """
 
 from estimator_keras.engines import keras_setup
-from estimator_keras.engines.registry import Cluster, Entry
+from estimator_keras.engines.registry import TENSORFLOW_RUNTIME, Cluster, Entry
 
 
 def _status(tf_version):
@@ -37,7 +37,8 @@ ENTRY = Entry(
     cluster=Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
                     "trains with Model.fit under MultiWorkerMirroredStrategy and evaluates on "
                     "the chief"),
-    job_kinds=("vertex", "tfjob", "katib"),
+    job_kinds=("vertex", "trainjob", "tfjob", "katib"),
+    trainjob_runtime=TENSORFLOW_RUNTIME,
     prebuilt_image="2-17",
     # The 2.17 image's own Keras is Keras 3; tf-keras 2.17 needs its tensorflow 2.17.
     image_requires=("tf-keras~=2.17.0",),

@@ -1,0 +1,410 @@
+"""Kubeflow Trainer v2 (issue 39): ``submit --target trainjob`` and the
+TensorFlow runtime it ships, the cluster a TrainJob pod's environment
+describes, and real clusters given exactly that environment.
+
+- the manifests round-trip through the ``kubeflow-trainer-api`` 2.3 models;
+  the CEL rules of Trainer v2.3.0's CRDs that apply to them hold (evaluated
+  with cel-python), and a manifest that breaks one is caught; where the CRD
+  files themselves are at hand (``EK_TRAINER_CRDS``, a folder holding
+  ``trainer.kubeflow.org_trainjobs.yaml`` and
+  ``trainer.kubeflow.org_clustertrainingruntimes.yaml`` from the v2.3.0 tag's
+  manifests/base/crds/), the manifests validate against their schemas and
+  the rules listed here are the CRDs' own;
+- the pods' variables (Trainer's JAX plugin's, this package's TensorFlow
+  runtime's) make the process group / TF_CONFIG, with an error per variable;
+- three local processes, each given a TrainJob pod's environment (built from
+  the manifests) in a private network namespace where the job's host names
+  point at 127.0.0.1, train as one cluster: estimator in py311; keras and
+  keras3 on JAX in the keras env.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from estimator_keras.cloud import trainjob
+from estimator_keras.cloud.spec import JobSpec
+from estimator_keras.distribute import jax_processes, trainjob_pods
+from estimator_keras.errors import ClusterConfigError, ConfigError
+from support import ROOT, checkpoint_steps, child_env, cli
+
+JOB_DIR = "gs://my-bucket/runs/1"
+IMAGE = "gcr.io/p/ek:1"
+
+# The CEL rules (x-kubernetes-validations) of Trainer v2.3.0's CRDs that a
+# manifest of ours meets at creation: (kind, path to the node, rule). Rules
+# comparing with oldSelf apply to updates only; managedBy, initializer and
+# volume claim rules concern fields we never set.
+CEL_RULES = (
+    ("TrainJob", "", "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"),
+    ("TrainJob", "", "size(self.metadata.name) <= 63"),
+    ("ClusterTrainingRuntime", "spec.mlPolicy",
+     "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)]"
+     ".filter(x, x).size() <= 1"),
+    ("ClusterTrainingRuntime", "spec.template.spec",
+     "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+     "self.replicatedJobs.exists(x, has(x.dependsOn)))"),
+)
+
+
+def _manifest(engine, workers=2, **spec_fields):
+    args = ["submit", "fashion_mnist_cnn", "--target", "trainjob", "--job-dir", JOB_DIR,
+            "--engine", engine, "--container-image", IMAGE, "--cpu", "4", "--memory", "8Gi"]
+    if workers:
+        args += ["--workers", str(workers)]
+    for flag, value in spec_fields.items():
+        args += ["--" + flag.replace("_", "-"), str(value)]
+    rc, out, err = cli(*args, timeout=120)
+    assert rc == 0, err
+    return yaml.safe_load(out)
+
+
+def _runtime():
+    rc, out, err = cli("submit", "--target", "trainjob", "--print-runtime", timeout=120)
+    assert rc == 0, err
+    return yaml.safe_load(out)
+
+
+def _node(manifest, path):
+    for part in filter(None, path.split(".")):
+        manifest = manifest[part]
+    return manifest
+
+
+def _cel_holds(rule, node):
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+    return bool(env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(node)}))
+
+
+# ------------------------------------------------------------ the manifests
+
+@pytest.mark.parametrize("engine", ["estimator", "keras", "keras3"])
+def test_a_trainjob_per_engine_names_its_runtime_and_passes_trainers_models(engine):
+    manifest = _manifest(engine)
+    assert manifest["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+    assert manifest["kind"] == "TrainJob"
+    spec = manifest["spec"]
+    expected = "jax-distributed" if engine == "keras3" else "estimator-keras-tensorflow"
+    assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
+                                  "kind": "ClusterTrainingRuntime", "name": expected}
+    trainer = spec["trainer"]
+    assert trainer["numNodes"] == 3 and trainer["image"] == IMAGE
+    assert trainer["command"][:4] == ["python", "-m", "experiments", "train"]
+    assert trainer["command"][trainer["command"].index("--engine") + 1] == engine
+    assert trainer["command"][trainer["command"].index("--model-dir") + 1] == JOB_DIR + "/model"
+    env = {e["name"]: e["value"] for e in trainer.get("env", [])}
+    if engine == "keras3":
+        assert env == {"KERAS_BACKEND": "jax"}
+    else:
+        assert env == {"EK_TRAINJOB_NUM_NODES": "3"}
+    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "4", "memory": "8Gi"},
+                                           "limits": {"cpu": "4", "memory": "8Gi"}}
+    trainjob.check(manifest)
+    for kind, path, rule in CEL_RULES:
+        if kind == "TrainJob":
+            assert _cel_holds(rule, _node(manifest, path)), rule
+
+
+def test_gpus_are_each_nodes_limit():
+    manifest = _manifest("estimator", accelerator="NVIDIA_TESLA_T4:2")
+    assert manifest["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "2"
+    trainjob.check(manifest)
+
+
+def test_the_tensorflow_runtime_passes_trainers_models_and_rules():
+    runtime = _runtime()
+    assert runtime["kind"] == "ClusterTrainingRuntime"
+    assert runtime["metadata"]["name"] == "estimator-keras-tensorflow"
+    # A plain-ML policy: no framework plugin sets anything of its own.
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 1}
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert [j["name"] for j in jobs] == ["node"]
+    assert jobs[0]["template"]["metadata"]["labels"] == {
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    container = jobs[0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["name"] == "node"
+    fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+              for e in container["env"]}
+    assert fields["EK_TRAINJOB_NAME"] == "metadata.labels['jobset.sigs.k8s.io/jobset-name']"
+    assert fields["EK_TRAINJOB_NODE_INDEX"] == (
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']")
+    trainjob.check(runtime)
+    for kind, path, rule in CEL_RULES:
+        if kind == "ClusterTrainingRuntime":
+            assert _cel_holds(rule, _node(runtime, path)), rule
+
+
+def test_the_checks_catch_a_broken_manifest():
+    runtime = _runtime()
+    broken = json.loads(json.dumps(runtime))
+    broken["spec"]["mlPolicy"].update({"jax": {}, "torch": {}})
+    assert not _cel_holds(CEL_RULES[2][2], broken["spec"]["mlPolicy"])
+    manifest = _manifest("keras3")
+    manifest["metadata"]["name"] = "Fashion_MNIST"
+    assert not _cel_holds(CEL_RULES[0][2], manifest)
+    pytest.importorskip("kubeflow_trainer_api")
+    manifest = _manifest("keras3")
+    manifest["spec"]["trainer"]["nodes"] = 3
+    with pytest.raises(ConfigError, match=r"spec\.trainer\.nodes"):
+        trainjob.check(manifest)
+    manifest = _manifest("keras3")
+    manifest["spec"]["trainer"]["numNodes"] = "three"
+    with pytest.raises(ConfigError, match="numNodes"):
+        trainjob.check(manifest)
+
+
+def test_a_long_name_leaves_room_for_the_pods_host_names():
+    spec = JobSpec(experiment="x", job_dir=JOB_DIR, engine="keras3", workers=11,
+                   display_name="a-very-long-experiment-name-that-goes-on-and-on-and-on-2026")
+    name = trainjob.build_trainjob_manifest(spec, IMAGE)["metadata"]["name"]
+    assert len(trainjob_pods.host(name, 11).split(".")[0]) <= 63
+    assert _cel_holds(CEL_RULES[0][2], {"metadata": {"name": name}})
+
+
+@pytest.mark.parametrize("flags, names", [(["--ps", "1"], "--ps 1"),
+                                          (["--evaluator"], "--evaluator")])
+def test_parameter_servers_and_evaluators_are_sent_to_a_tfjob(flags, names):
+    rc, out, err = cli("submit", "fashion_mnist_cnn", "--target", "trainjob", "--job-dir",
+                       JOB_DIR, "--engine", "estimator", "--container-image", IMAGE, *flags,
+                       timeout=120)
+    assert rc == 2 and out == ""
+    assert names in err and "--target tfjob" in err
+
+
+def test_bad_resources_and_resources_off_kubernetes_are_refused():
+    rc, _, err = cli("submit", "fashion_mnist_cnn", "--target", "trainjob", "--job-dir",
+                     JOB_DIR, "--container-image", IMAGE, "--memory", "lots", timeout=120)
+    assert rc == 2 and "--memory 'lots' is not a Kubernetes quantity" in err
+    rc, _, err = cli("submit", "fashion_mnist_cnn", "--job-dir", JOB_DIR, "--cpu", "8",
+                     timeout=120)
+    assert rc == 2 and "--cpu sets a TrainJob node's resources" in err
+
+
+def test_trainjob_manifests_fit_the_crds_schemas_where_the_crds_are_at_hand():
+    folder = os.environ.get("EK_TRAINER_CRDS")
+    if not folder:
+        pytest.skip("EK_TRAINER_CRDS is not set: the v2.3.0 CRD files are not in the repository")
+    jsonschema = pytest.importorskip("jsonschema")
+    documents = {}
+    for kind, plural in (("TrainJob", "trainjobs"),
+                         ("ClusterTrainingRuntime", "clustertrainingruntimes")):
+        with open(os.path.join(folder, f"trainer.kubeflow.org_{plural}.yaml")) as f:
+            crd = yaml.safe_load(f)
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+        documents[kind] = version["schema"]["openAPIV3Schema"]
+    manifests = [_manifest(e) for e in ("estimator", "keras", "keras3")] + [_runtime()]
+    for manifest in manifests:
+        schema = _openapi_to_jsonschema(documents[manifest["kind"]])
+        jsonschema.validate(manifest, schema)
+    # The rules this module evaluates are the CRDs' own, and no other rule
+    # of theirs applies to what our manifests hold.
+    found = set()
+    for kind, schema in documents.items():
+        found |= {(kind, r) for r in _rules(schema) if "oldSelf" not in r}
+    ours = {(kind, rule) for kind, _, rule in CEL_RULES}
+    assert ours <= {(k, " ".join(r.split())) for k, r in found}
+
+
+def _rules(node):
+    for rule in node.get("x-kubernetes-validations", []):
+        yield " ".join(rule["rule"].split())
+    for child in node.get("properties", {}).values():
+        yield from _rules(child)
+    if isinstance(node.get("items"), dict):
+        yield from _rules(node["items"])
+
+
+def _openapi_to_jsonschema(node):
+    """A CRD's structural schema as JSON Schema: unknown fields refused where
+    the API server prunes them, int-or-string values allowed."""
+    if not isinstance(node, dict):
+        return node
+    out = {k: _openapi_to_jsonschema(v) if isinstance(v, dict) else
+           ([_openapi_to_jsonschema(i) for i in v] if isinstance(v, list) else v)
+           for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    if "properties" in out:
+        out["properties"] = {k: _openapi_to_jsonschema(v) for k, v in node["properties"].items()}
+    return out
+
+
+# ------------------------------------------------------------ what a pod is told
+
+def test_the_jax_plugins_variables_make_a_process_group():
+    environ = {"JAX_COORDINATOR_ADDRESS": "job-node-0-0.job:29500", "JAX_NUM_PROCESSES": "3",
+               "JAX_PROCESS_ID": "2"}
+    group = jax_processes.from_environ(environ)
+    assert (group.coordinator, group.num_processes, group.process_id) == (
+        "job-node-0-0.job:29500", 3, 2)
+    assert "TrainJob" in group.source
+    assert jax_processes.from_environ({}) is None
+
+
+@pytest.mark.parametrize("missing", trainjob_pods.JAX_VARIABLES)
+def test_each_missing_jax_variable_is_named(missing):
+    environ = {"JAX_COORDINATOR_ADDRESS": "job-node-0-0.job:29500", "JAX_NUM_PROCESSES": "3",
+               "JAX_PROCESS_ID": "0"}
+    del environ[missing]
+    with pytest.raises(ClusterConfigError, match="missing " + missing):
+        jax_processes.from_environ(environ)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("JAX_COORDINATOR_ADDRESS", "job-node-0-0.job", "port"),
+    ("JAX_COORDINATOR_ADDRESS", "job-node-0-0.job:99999", "port"),
+    ("JAX_NUM_PROCESSES", "0", "JAX_NUM_PROCESSES='0'"),
+    ("JAX_PROCESS_ID", "3", "JAX_PROCESS_ID='3' is not a whole number from 0 to 2"),
+])
+def test_bad_jax_variables_are_named(name, value, message):
+    environ = {"JAX_COORDINATOR_ADDRESS": "job-node-0-0.job:29500", "JAX_NUM_PROCESSES": "3",
+               "JAX_PROCESS_ID": "1", name: value}
+    with pytest.raises(ClusterConfigError, match=message):
+        jax_processes.from_environ(environ)
+
+
+def test_a_jaxjobs_and_a_trainjobs_variables_together_are_refused():
+    environ = {"JAX_COORDINATOR_ADDRESS": "job-node-0-0.job:29500", "JAX_NUM_PROCESSES": "2",
+               "JAX_PROCESS_ID": "1", "COORDINATOR_ADDRESS": "h", "COORDINATOR_PORT": "6666",
+               "NUM_PROCESSES": "2", "PROCESS_ID": "1"}
+    with pytest.raises(ClusterConfigError, match="one pod belongs to one job"):
+        jax_processes.from_environ(environ)
+
+
+def _tf_pod(index, nodes=3, job="fmnist"):
+    return {"EK_TRAINJOB_NAME": job, "EK_TRAINJOB_NUM_NODES": str(nodes),
+            "EK_TRAINJOB_NODE_INDEX": str(index), "EK_TRAINJOB_PORT": "2222"}
+
+
+@pytest.mark.parametrize("index, task", [(0, {"type": "chief", "index": 0}),
+                                         (1, {"type": "worker", "index": 0}),
+                                         (2, {"type": "worker", "index": 1})])
+def test_the_tensorflow_runtimes_variables_make_tf_config(index, task):
+    environ = _tf_pod(index)
+    config = trainjob_pods.export_tf_config(environ)
+    assert json.loads(environ["TF_CONFIG"]) == config
+    assert config == {"cluster": {"chief": ["fmnist-node-0-0.fmnist:2222"],
+                                  "worker": ["fmnist-node-0-1.fmnist:2222",
+                                             "fmnist-node-0-2.fmnist:2222"]},
+                      "task": task}
+    assert trainjob_pods.export_tf_config({}) is None
+
+
+@pytest.mark.parametrize("missing", trainjob_pods.TF_VARIABLES)
+def test_each_missing_tensorflow_runtime_variable_is_named(missing):
+    environ = _tf_pod(1)
+    del environ[missing]
+    with pytest.raises(ClusterConfigError, match="missing " + missing):
+        trainjob_pods.export_tf_config(environ)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("EK_TRAINJOB_NAME", "Bad_Name", "not a TrainJob name"),
+    ("EK_TRAINJOB_NUM_NODES", "0", "EK_TRAINJOB_NUM_NODES='0'"),
+    ("EK_TRAINJOB_NODE_INDEX", "3", "from 0 to 2"),
+    ("EK_TRAINJOB_PORT", "http", "EK_TRAINJOB_PORT='http'"),
+])
+def test_bad_tensorflow_runtime_variables_are_named(name, value, message):
+    environ = dict(_tf_pod(1), **{name: value})
+    with pytest.raises(ClusterConfigError, match=message):
+        trainjob_pods.export_tf_config(environ)
+
+
+def test_tf_config_and_the_runtimes_variables_together_are_refused():
+    environ = dict(_tf_pod(0), TF_CONFIG='{"cluster": {"chief": ["h:1"]}}')
+    with pytest.raises(ClusterConfigError, match="both TF_CONFIG and the TrainJob variables"):
+        trainjob_pods.export_tf_config(environ)
+    assert environ["TF_CONFIG"] == '{"cluster": {"chief": ["h:1"]}}'
+
+
+# ------------------------------------------------------------ real pods
+
+TIMEOUT = 420
+
+
+def _pod_environments(manifest, runtime):
+    """Each pod's environment as Kubernetes and Trainer would make it from
+    ``manifest`` (and ``runtime``, the TensorFlow one, or None: Trainer's
+    jax-distributed, whose JAX plugin adds its three variables)."""
+    job, nodes = manifest["metadata"]["name"], manifest["spec"]["trainer"]["numNodes"]
+    pods = []
+    for index in range(nodes):
+        fields = {"metadata.labels['jobset.sigs.k8s.io/jobset-name']": job,
+                  "metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index)}
+        env = {"HOSTNAME": f"{job}-node-0-{index}", "JOB_COMPLETION_INDEX": str(index)}
+        if runtime is not None:
+            (container,) = runtime["spec"]["template"]["spec"]["replicatedJobs"][0][
+                "template"]["spec"]["template"]["spec"]["containers"]
+            for item in container["env"]:
+                env[item["name"]] = item.get("value") or fields[
+                    item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            env.update({"JAX_NUM_PROCESSES": str(nodes), "JAX_PROCESS_ID": str(index),
+                        "JAX_COORDINATOR_ADDRESS": f"{job}-node-0-0.{job}:29500"})
+        env.update({e["name"]: e["value"] for e in manifest["spec"]["trainer"].get("env", [])})
+        pods.append(env)
+    return pods
+
+
+def _run_pods(tmp_path, engine, data_dir):
+    manifest = _manifest(engine, display_name="fmnist-trainjob")
+    runtime = None if engine == "keras3" else _runtime()
+    model_dir = tmp_path / "model"
+    command = list(manifest["spec"]["trainer"]["command"])
+    command[command.index("--model-dir") + 1] = str(model_dir)
+    command[command.index("--data-dir") + 1] = str(data_dir)
+    command = [sys.executable] + command[1:] + [
+        "--max-steps", "20", "--eval-every", "10", "--batch-size", "16"]
+    job = manifest["metadata"]["name"]
+    base = child_env()
+    for name in list(base):
+        if name.startswith(("JAX_", "EK_TRAINJOB_")) or name in ("TF_CONFIG", "CLUSTER_SPEC"):
+            del base[name]
+    pods = []
+    for index, env in enumerate(_pod_environments(manifest, runtime)):
+        pods.append({"env": dict(base, **env), "argv": command, "cwd": ROOT,
+                     "hostname": env["HOSTNAME"],
+                     "log": str(tmp_path / f"pod-{index}.log")})
+    plan = {"hosts": [trainjob_pods.host(job, i) for i in range(len(pods))], "pods": pods,
+            "timeout": TIMEOUT, "result": str(tmp_path / "result.json")}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--net",
+                    sys.executable, os.path.join(ROOT, "tests", "trainjob_pods_run.py"),
+                    str(tmp_path / "plan.json")], timeout=TIMEOUT + 120, check=True)
+    result = json.loads((tmp_path / "result.json").read_text())
+    logs = [(tmp_path / f"pod-{i}.log").read_text() for i in range(len(pods))]
+    return result["returncodes"], logs, model_dir
+
+
+def _engines_here():
+    env = os.environ.get("TOX_ENV_NAME", "")
+    return ["estimator"] if env == "py311" else ["keras", "keras3"] if env == "keras" else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["estimator", "keras", "keras3"])
+def test_three_pods_given_a_trainjobs_environment_train_as_one_cluster(engine, fashion_data,
+                                                                       tmp_path):
+    if engine not in _engines_here():
+        pytest.skip(f"the {engine} engine's TrainJob runs in another tox env")
+    codes, logs, model_dir = _run_pods(tmp_path, engine, fashion_data)
+    assert codes == [0, 0, 0], "\n\n".join(log[-3000:] for log in logs)
+    chief = logs[0]
+    if engine == "keras3":
+        assert "3 JAX processes" in chief and "(3 replica(s))" in chief
+    else:
+        assert "strategy multi_worker_mirrored" in chief and "(3 replica(s))" in chief
+    for log in logs:
+        assert "trained to step 20" in log
+    # One model dir, written by the chief alone: pod 0.
+    assert "exported" in chief and all("exported" not in log for log in logs[1:])
+    assert max(checkpoint_steps(model_dir)) == 20
+    assert json.loads((model_dir / "export" / "export.json").read_text())["global_step"] == 20
