@@ -408,3 +408,23 @@ def test_three_pods_given_a_trainjobs_environment_train_as_one_cluster(engine, f
     assert "exported" in chief and all("exported" not in log for log in logs[1:])
     assert max(checkpoint_steps(model_dir)) == 20
     assert json.loads((model_dir / "export" / "export.json").read_text())["global_step"] == 20
+
+
+# ------------------------------------------------------------ the docs' table of targets
+
+def test_the_targets_table_follows_the_registry_and_the_refusals():
+    from estimator_keras.cloud import targets
+    by_name = {t.name: targets.facts(t) for t in targets.TARGETS}
+    assert set(by_name) == {"vertex", "trainjob", "tfjob", "jaxjob"}
+    # What the table says an engine runs is what submit accepts, and "no"
+    # is what it refuses.
+    for target, facts in by_name.items():
+        for engine in ("estimator", "keras", "keras3"):
+            args = ["submit", "fashion_mnist_mlp", "--target", target, "--job-dir", JOB_DIR,
+                    "--engine", engine, "--container-image", IMAGE, "--dry-run"]
+            if target == "vertex":
+                args += ["--project", "my-project", "--region", "us-central1"]
+            rc, _, err = cli(*args, timeout=120)
+            assert (rc == 0) == (facts[f"--engine {engine}"] != "no"), (target, engine, err)
+    assert by_name["trainjob"]["--engine estimator"] == "chief + worker"
+    assert by_name["tfjob"]["--engine estimator"] == "chief + worker + ps + evaluator"

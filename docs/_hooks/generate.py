@@ -8,6 +8,7 @@ A page asks for generated Markdown with a comment line of its own:
                                         experiments/config.py (types, defaults, docstrings)
     <!-- generated: engines -->         the engines, from the engine registry
     <!-- generated: experiments -->     the built-in experiments and datasets, from the registry
+    <!-- generated: targets -->         submit's targets x engines, from estimator_keras.cloud.targets
     <!-- generated: python-api -->      a mkdocstrings entry for every public name of
                                         estimator_keras and experiments
 
@@ -322,5 +323,24 @@ def generate_python_api():
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------------------
+# The cloud targets, from estimator_keras.cloud.targets and the engine registry
+
+
+def generate_targets():
+    from estimator_keras.cloud import targets  # pylint: disable=import-outside-toplevel
+
+    facts = [targets.facts(t) for t in targets.TARGETS]
+    out = ["Generated from `estimator_keras/cloud/targets.py` and the engine registry when this "
+           "site was built: the cluster tasks each engine runs on each target (\"no\": the "
+           "target refuses the engine).", "",
+           "| | " + " | ".join(f"`--target {t.name}`" for t in targets.TARGETS) + " |",
+           "| --- |" + " --- |" * len(facts)]
+    for field in facts[0]:
+        out.append(f"| {_cell(field)} | " + " | ".join(_cell(f[field]) for f in facts) + " |")
+    return "\n".join(out)
+
+
 GENERATORS = {"cli": generate_cli, "config": generate_config, "engines": generate_engines,
-              "experiments": generate_experiments, "python-api": generate_python_api}
+              "experiments": generate_experiments, "python-api": generate_python_api,
+              "targets": generate_targets}
