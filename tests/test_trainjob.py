@@ -5,11 +5,10 @@ describes, and real clusters given exactly that environment.
 - the manifests round-trip through the ``kubeflow-trainer-api`` 2.3 models;
   the CEL rules of Trainer v2.3.0's CRDs that apply to them hold (evaluated
   with cel-python), and a manifest that breaks one is caught; where the CRD
-  files themselves are at hand (``EK_TRAINER_CRDS``, a folder holding
-  ``trainer.kubeflow.org_trainjobs.yaml`` and
-  ``trainer.kubeflow.org_clustertrainingruntimes.yaml`` from the v2.3.0 tag's
-  manifests/base/crds/), the manifests validate against their schemas and
-  the rules listed here are the CRDs' own;
+  source is at hand (``EK_TRAINER_SOURCE``: a checkout of
+  github.com/kubeflow/trainer at v2.3.0), the manifests validate against its
+  CRDs' schemas (manifests/base/crds/), the rules listed here are the CRDs'
+  own, and the JAX plugin's variable names are the ones read here;
 - the pods' variables (Trainer's JAX plugin's, this package's TensorFlow
   runtime's) make the process group / TF_CONFIG, with an error per variable;
 - three local processes, each given a TrainJob pod's environment (built from
@@ -185,10 +184,23 @@ def test_bad_resources_and_resources_off_kubernetes_are_refused():
     assert rc == 2 and "--cpu sets a TrainJob node's resources" in err
 
 
-def test_trainjob_manifests_fit_the_crds_schemas_where_the_crds_are_at_hand():
-    folder = os.environ.get("EK_TRAINER_CRDS")
-    if not folder:
-        pytest.skip("EK_TRAINER_CRDS is not set: the v2.3.0 CRD files are not in the repository")
+def test_manifests_and_variables_match_trainer_v2_3_0_where_its_source_is_at_hand():
+    source = os.environ.get("EK_TRAINER_SOURCE")
+    if not source:
+        pytest.skip("EK_TRAINER_SOURCE is not set: Kubeflow Trainer's source is not in the "
+                    "repository")
+    # The JAX plugin's variables and coordinator address are the ones read here.
+    with open(os.path.join(source, "pkg/runtime/framework/plugins/jax/jax.go")) as f:
+        plugin = f.read()
+    for name in trainjob_pods.JAX_VARIABLES:
+        assert f'WithName("{name}")' in plugin
+    assert '"%s-%s-0-0.%s:%d"' in plugin and "trainJob.Name" in plugin
+    with open(os.path.join(source, "pkg/constants/constants.go")) as f:
+        constants = f.read()
+    assert 'Node string = "node"' in constants
+    assert "ContainerTrainerPort int32 = 29500" in constants
+    assert "batchv1.JobCompletionIndexAnnotation" in constants
+    folder = os.path.join(source, "manifests", "base", "crds")
     jsonschema = pytest.importorskip("jsonschema")
     documents = {}
     for kind, plural in (("TrainJob", "trainjobs"),
