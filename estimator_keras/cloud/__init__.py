@@ -11,6 +11,14 @@ Import the module you need; this package file imports nothing.
 * :mod:`~estimator_keras.cloud.vertex` -- :func:`build_custom_job` and
   :func:`build_tuning_job`, the Vertex AI request bodies (pythonPackageSpec or
   containerSpec pools). TF-free.
+* :mod:`~estimator_keras.cloud.vertex_options` -- :class:`VertexOptions`, what
+  a Vertex AI job asks beyond its pools (Spot VMs, Flex-start, restarts, timeout,
+  service account, network, persistent resource, web access, TensorBoard,
+  Reduction Server's pool), the combinations Vertex refuses, and the
+  ``CustomJobSpec`` fields they write. TF-free.
+* :mod:`~estimator_keras.cloud.vertex_check` -- :func:`check_request`: a request
+  body parsed with google-cloud-aiplatform's own ``aiplatform_v1`` types, where
+  that SDK is installed. TF-free.
 * :mod:`~estimator_keras.cloud.tfjob` -- :func:`build_tfjob_manifest`, a
   Kubeflow ``TFJob``, the helpers Kubeflow jobs share, and :func:`to_yaml`. TF-free.
 * :mod:`~estimator_keras.cloud.jaxjob` -- :func:`build_jaxjob_manifest`, a
@@ -58,6 +66,24 @@ Sources for field names, images and formats (read 2026):
 * ``gcloud ai custom-jobs create`` (``--display-name`` required, ``--config`` is a
   YAML ``CustomJobSpec`` with camelCase keys):
   https://cloud.google.com/sdk/gcloud/reference/ai/custom-jobs/create
+* ``Scheduling`` (SPOT, FLEX_START, ``maxWaitDuration``,
+  ``restartJobOnWorkerRestart``, ``timeout``), ``serviceAccount``, ``network``,
+  ``persistentResourceId``, ``enableWebAccess``, ``tensorboard`` (see
+  :mod:`~estimator_keras.cloud.vertex_options`):
+  https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec, and
+  google-cloud-aiplatform 2.7.0's ``aiplatform_v1.CustomJobSpec``
+* Flex-start's GPUs, timeout and pools:
+  https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws
+* Reduction Server (pool 2, the
+  ``vertex-ai-restricted/training/reductionserver:latest`` image, n1-highcpu-16,
+  NCCL all-reduce of GPU workers):
+  https://cloud.google.com/vertex-ai/docs/training/distributed-training
+* Vertex AI TensorBoard with custom training (a service account; job,
+  TensorBoard and bucket in one region):
+  https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-setup,
+  https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training
+* persistent resources:
+  https://cloud.google.com/vertex-ai/docs/training/persistent-resource-train
 * TFJob (``kubeflow.org/v1``, ``tfReplicaSpecs``, container named ``tensorflow``):
   https://www.kubeflow.org/docs/components/training/tftraining/
 * JAXJob (training-operator v1.9: ``jaxReplicaSpecs`` with only ``Worker``,

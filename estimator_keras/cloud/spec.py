@@ -30,6 +30,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from estimator_keras import io
+from estimator_keras.cloud.vertex_options import VertexOptions
 from estimator_keras.engines import registry
 from estimator_keras.errors import ConfigError
 
@@ -197,6 +198,11 @@ class JobSpec:
     keras_backend: Optional[str] = None
     """KERAS_BACKEND of the job's containers, for an engine that trains on
     Keras 3's backends: one of its entry's ``backends`` (None: the first)."""
+    vertex: VertexOptions = dataclasses.field(default_factory=VertexOptions)
+    """What a Vertex AI job asks beyond its pools: Spot VMs or Flex-start,
+    restarts, timeout, service account, network, persistent resource, web
+    access, TensorBoard, reducers (see
+    :mod:`~estimator_keras.cloud.vertex_options`)."""
 
     def validate(self, for_vertex: bool = False) -> None:
         """Raise ConfigError naming the first invalid field.
@@ -278,6 +284,9 @@ class JobSpec:
                 "exclude each other: give one.")
         check_job_engine(self.engine, self.keras_backend, self.workers, self.ps,
                          self.evaluator)
+        if not isinstance(self.vertex, VertexOptions):
+            raise ConfigError("JobSpec.vertex must be a VertexOptions; got %r." % (self.vertex,))
+        self.vertex.check(self, job_entry(self.engine))
         if for_vertex:
             self.check_vertex_image()
         self._validate_user_code(for_vertex)

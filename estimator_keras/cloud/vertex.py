@@ -11,6 +11,12 @@ user's own) on a prebuilt image (``pythonPackageSpec``: ``executorImageUri``,
 ``packageUris``, ``pythonModule``, ``args``) or an image with the package
 installed (``containerSpec``: ``imageUri``, ``command``, ``args``):
 https://cloud.google.com/vertex-ai/docs/training/configure-container-settings.
+Pool 2 holds parameter servers, or Reduction Server's reducers; the job-wide
+fields beside the pools (scheduling, service account, network, persistent
+resource, web access, TensorBoard) come from
+:mod:`~estimator_keras.cloud.vertex_options`, and
+:mod:`~estimator_keras.cloud.vertex_check` parses every body with
+google-cloud-aiplatform's own types.
 The HyperparameterTuningJob body (``studySpec``, ``maxTrialCount``,
 ``parallelTrialCount``, ``trialJobSpec``), under "Resource: HyperparameterTuningJob" in
 https://cloud.google.com/vertex-ai/docs/reference/rest/v1/projects.locations.hyperparameterTuningJobs
@@ -18,6 +24,7 @@ https://cloud.google.com/vertex-ai/docs/reference/rest/v1/projects.locations.hyp
 
 from typing import Any, Dict, List
 
+from estimator_keras.cloud import vertex_options
 from estimator_keras.cloud.space import Study
 from estimator_keras.cloud.spec import PYTHON_MODULE, JobSpec, parse_accelerator, prebuilt_image
 from estimator_keras.errors import ConfigError
@@ -76,14 +83,23 @@ def _job_spec(spec: JobSpec, args: List[str]) -> Dict[str, Any]:
             % ", ".join(spec.package_dirs))
     spec.check_package_modules()
     spec.check_vertex_image()
+    options = spec.vertex
+    args = vertex_options.job_args(options, args)
     pools: List[Dict[str, Any]] = [_vertex_pool(spec, 1, True, args)]
     pools.append(_vertex_pool(spec, spec.workers, True, args) if spec.workers else {})
-    pools.append(_vertex_pool(spec, spec.ps, False, args) if spec.ps else {})
+    if spec.ps:
+        pools.append(_vertex_pool(spec, spec.ps, False, args))
+    elif options.reduction_server:
+        pools.append(vertex_options.reduction_server_pool(options, spec.region))
+    else:
+        pools.append({})
     pools.append(_vertex_pool(spec, 1, True, args) if spec.evaluator else {})
     while pools and not pools[-1]:
         pools.pop()
-    return {"workerPoolSpecs": pools,
-            "baseOutputDirectory": {"outputUriPrefix": spec.job_dir}}
+    job_spec = {"workerPoolSpecs": pools,
+                "baseOutputDirectory": {"outputUriPrefix": spec.job_dir}}
+    job_spec.update(vertex_options.job_spec_fields(options))
+    return job_spec
 
 
 def build_custom_job(spec: JobSpec) -> Dict[str, Any]:
@@ -100,6 +116,11 @@ def build_custom_job(spec: JobSpec) -> Dict[str, Any]:
     ``containerSpec.env``: pool 0 is process 0, the coordinator of JAX's
     distributed runtime, pool 1 the other processes; Vertex sets CLUSTER_SPEC in
     every replica, from which ``train`` finds its peers.
+    With ``spec.vertex.reduction_server`` pool 2 holds the reducers (Google's
+    Reduction Server image on CPU machines) and a job left at ``--strategy
+    auto`` is passed ``--strategy multi_worker_mirrored``; the other options of
+    ``spec.vertex`` (scheduling, service account, network, persistent resource,
+    web access, TensorBoard) are ``jobSpec`` fields beside the pools.
     The arguments carry no ``--model-dir``: the base output directory makes Vertex
     set AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR, which the
     job follows. ``spec.package_uri`` must be set (``submit`` sets it after
@@ -126,7 +147,8 @@ def build_tuning_job(spec: JobSpec, study: Study) -> Dict[str, Any]:
     each run the worker pools :func:`build_custom_job` would.
 
     Each trial's CustomJob gets the base output directory
-    ``<job_dir>/<trial id>``, so its AIP_* directories are per trial.
+    ``<job_dir>/<trial id>``, so its AIP_* directories are per trial, and the
+    fields of ``spec.vertex`` (``trialJobSpec`` is a CustomJobSpec).
 
     Example::
 
