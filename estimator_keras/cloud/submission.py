@@ -14,14 +14,18 @@ import tempfile
 from typing import Any, Dict, List, Optional
 
 from estimator_keras import io
-from estimator_keras.cloud import backends, packaging, vertex
+from estimator_keras.cloud import backends, packaging, vertex, vertex_check
 from estimator_keras.cloud.space import Study
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError
 
 
 def _request(spec: JobSpec, study: Optional[Study]) -> Dict[str, Any]:
-    return vertex.build_tuning_job(spec, study) if study else vertex.build_custom_job(spec)
+    """The request body, checked with google-cloud-aiplatform's own types
+    where that SDK is installed (:func:`~estimator_keras.cloud.vertex_check.check_request`)."""
+    request = vertex.build_tuning_job(spec, study) if study else vertex.build_custom_job(spec)
+    vertex_check.check_request(request, "tuning" if study else "custom")
+    return request
 
 
 def _package_uri(spec: JobSpec, file_name: str, taken: Dict[str, str], source: str) -> str:
@@ -60,7 +64,9 @@ def submit(spec: JobSpec, dry_run: bool = False,
     join ``extra_package_uris``; upload a local ``spec.config`` to
     ``spec.config_uri``; build the request
     (:func:`~estimator_keras.cloud.vertex.build_custom_job` or
-    :func:`~estimator_keras.cloud.vertex.build_tuning_job`); create the job. With
+    :func:`~estimator_keras.cloud.vertex.build_tuning_job`) and, where
+    google-cloud-aiplatform is installed, parse it with its v1 types
+    (a ConfigError names a field that does not parse); create the job. With
     ``spec.package_uri`` or ``spec.container_image`` set, this package's sdist
     is neither built nor uploaded.
 
