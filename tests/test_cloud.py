@@ -348,27 +348,30 @@ def test_neither_gcloud_nor_sdk_raises_with_install_hints(tmp_path):
     assert "gcloud" in message and "pip install google-cloud-aiplatform" in message
 
 
-def test_sdk_path_converts_to_snake_case_and_maps_credential_errors():
+def test_sdk_path_sends_the_whole_request_and_maps_credential_errors():
     aiplatform = mock.Mock()
     storage = mock.Mock()
-    aiplatform.CustomJob.return_value.resource_name = "projects/1/locations/r/customJobs/7"
+    client = aiplatform.gapic.JobServiceClient.return_value
+    client.create_custom_job.return_value.name = "projects/1/locations/r/customJobs/7"
     request = vertex.build_custom_job(full_spec())
     with mock.patch("shutil.which", return_value=None), \
             mock.patch.object(backends.Submitter, "_import_sdk",
                               staticmethod(lambda: (aiplatform, storage))):
         job = backends.Submitter().create_job(request, "my-project-123", "us-central1")
-        kwargs = aiplatform.CustomJob.call_args[1]
-        assert kwargs["base_output_dir"] == "gs://my-bucket/run1"
-        assert kwargs["location"] == "us-central1"
-        first = kwargs["worker_pool_specs"][0]
-        assert first["machine_spec"]["accelerator_type"] == "NVIDIA_TESLA_T4"
-        assert first["python_package_spec"]["executor_image_uri"] == GPU_IMAGE
+        options = aiplatform.gapic.JobServiceClient.call_args[1]["client_options"]
+        assert options == {"api_endpoint": "us-central1-aiplatform.googleapis.com"}
+        # The whole body, as the REST API takes it, becomes the API's message.
+        (payload,), _ = aiplatform.gapic.CustomJob.from_json.call_args
+        assert json.loads(payload) == request
+        kwargs = client.create_custom_job.call_args[1]
+        assert kwargs == {"parent": "projects/my-project-123/locations/us-central1",
+                          "custom_job": aiplatform.gapic.CustomJob.from_json.return_value}
         assert job["name"].endswith("/customJobs/7")
 
         class DefaultCredentialsError(Exception):
             pass
         DefaultCredentialsError.__module__ = "google.auth.exceptions"
-        aiplatform.CustomJob.side_effect = DefaultCredentialsError("no ADC")
+        aiplatform.gapic.JobServiceClient.side_effect = DefaultCredentialsError("no ADC")
         with pytest.raises(CloudError, match="application-default login"):
             backends.Submitter().create_job(request, "my-project-123", "us-central1")
 
@@ -693,15 +696,17 @@ def test_gcloud_pool_flags_for_container_pools():
 
 def test_sdk_path_takes_container_spec():
     aiplatform = mock.Mock()
-    aiplatform.CustomJob.return_value.resource_name = "projects/1/locations/r/customJobs/8"
+    client = aiplatform.gapic.JobServiceClient.return_value
+    client.create_custom_job.return_value.name = "projects/1/locations/r/customJobs/8"
     request = vertex.build_custom_job(make_spec(container_image=IMAGE))
     with mock.patch("shutil.which", return_value=None), \
             mock.patch.object(backends.Submitter, "_import_sdk",
                               staticmethod(lambda: (aiplatform, mock.Mock()))):
         backends.Submitter().create_job(request, "my-project-123", "us-central1")
-    (pool,) = aiplatform.CustomJob.call_args[1]["worker_pool_specs"]
-    assert pool["container_spec"]["image_uri"] == IMAGE
-    assert pool["container_spec"]["command"] == ["python", "-m", "experiments"]
+    (payload,), _ = aiplatform.gapic.CustomJob.from_json.call_args
+    (pool,) = json.loads(payload)["jobSpec"]["workerPoolSpecs"]
+    assert pool["containerSpec"]["imageUri"] == IMAGE
+    assert pool["containerSpec"]["command"] == ["python", "-m", "experiments"]
 
 
 def test_cli_container_image_for_vertex_and_tfjob(capsys, tmp_path):

@@ -261,10 +261,14 @@ def test_gcloud_and_sdk_create_the_tuning_job(issue_space):
         "client_options": {"api_endpoint": "us-central1-aiplatform.googleapis.com"}}
     kwargs = gapic.JobServiceClient.return_value.create_hyperparameter_tuning_job.call_args[1]
     assert kwargs["parent"] == "projects/my-project-123/locations/us-central1"
-    sent = kwargs["hyperparameter_tuning_job"]
-    assert sent["max_trial_count"] == 4
-    assert sent["study_spec"]["parameters"][0]["double_value_spec"] == {
-        "min_value": 0.0001, "max_value": 0.01}
+    # The whole body, as the REST API takes it, becomes the API's message.
+    message = gapic.HyperparameterTuningJob.from_json.return_value
+    assert kwargs["hyperparameter_tuning_job"] is message
+    (payload,), _ = gapic.HyperparameterTuningJob.from_json.call_args
+    sent = json.loads(payload)
+    assert sent == request and sent["maxTrialCount"] == 4
+    assert sent["studySpec"]["parameters"][0]["doubleValueSpec"] == {
+        "minValue": 0.0001, "maxValue": 0.01}
     assert job["name"].endswith("/9")
 
     # gcloud rejects an empty pool in --config and has no pool flags for tuning jobs

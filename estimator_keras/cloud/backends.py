@@ -2,7 +2,10 @@
 
 :class:`Submitter` uploads files and creates CustomJobs and
 HyperparameterTuningJobs through the ``gcloud`` CLI when it is on PATH, else
-through the ``google-cloud-aiplatform`` SDK. :func:`gcloud_upload_command`,
+through the ``google-cloud-aiplatform`` SDK, whose API client
+(``JobServiceClient.create_custom_job`` and
+``create_hyperparameter_tuning_job``) takes the whole request body, every
+field of it. :func:`gcloud_upload_command`,
 :func:`gcloud_create_command` and :func:`gcloud_tuning_command` build the
 argument lists both a real run and a dry run show.
 
@@ -16,7 +19,6 @@ https://cloud.google.com/sdk/gcloud/reference/ai/hp-tuning-jobs/create
 
 import json
 import logging
-import re
 import shutil
 import subprocess
 import tempfile
@@ -60,10 +62,11 @@ def _pool_flag(pool: Mapping[str, Any]) -> str:
 
 
 def _pool_program(pool: Mapping[str, Any]) -> Dict[str, Any]:
-    """What a pool runs, without its machines: the part gcloud's flags share."""
+    """What a pool runs, without its machines: the part gcloud's flags share
+    (Reduction Server's pool runs its image's own program: no command)."""
     if "containerSpec" in pool:
-        return {"command": pool["containerSpec"]["command"],
-                "args": pool["containerSpec"]["args"]}
+        return {"command": pool["containerSpec"].get("command", []),
+                "args": pool["containerSpec"].get("args", [])}
     return {"packageUris": pool["pythonPackageSpec"]["packageUris"],
             "args": pool["pythonPackageSpec"]["args"]}
 
@@ -82,13 +85,15 @@ def gcloud_create_command(request: Mapping[str, Any], project: str, region: str,
                           config_path: str) -> Tuple[List[str], Dict[str, Any]]:
     """``gcloud ai custom-jobs create`` for ``request``: (argument list, --config content).
 
-    The config file holds the request's ``jobSpec``. gcloud rejects an empty
-    worker pool inside ``--config`` (checked against gcloud 528: "Exactly one of
-    fields [pythonPackageSpec, containerSpec] is required"), although the REST API
-    takes one; when a pool in the middle is unused, the pools go in
-    ``--worker-pool-spec`` flags instead (an empty flag value is an empty pool)
-    with the shared ``--python-package-uris`` and ``--args``, and the config keeps
-    the rest of the jobSpec. Flags use the ``--flag=value`` form so that no value
+    The config file holds the request's ``jobSpec``: every field of it
+    (scheduling, service account, network, TensorBoard...) whichever form the
+    pools take. gcloud rejects an empty worker pool inside ``--config``
+    (checked against gcloud 528: "Exactly one of fields [pythonPackageSpec,
+    containerSpec] is required"), although the REST API takes one; when a pool
+    in the middle is unused, the pools go in ``--worker-pool-spec`` flags instead
+    (an empty flag value is an empty pool) with the shared
+    ``--python-package-uris`` and ``--args``, and the config keeps the rest of
+    the jobSpec. Flags use the ``--flag=value`` form so that no value
     can be read as another flag.
     """
     job_spec = dict(request["jobSpec"])
@@ -170,16 +175,6 @@ def _run_gcloud(argv: List[str], what: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _snake_case(data: Any) -> Any:
-    # The SDK builds proto-plus messages, which take proto field names, not JSON names.
-    if isinstance(data, dict):
-        return {re.sub(r"(?<!^)([A-Z])", r"_\1", k).lower(): _snake_case(v)
-                for k, v in data.items()}
-    if isinstance(data, list):
-        return [_snake_case(v) for v in data]
-    return data
-
-
 def _sdk_error(exc: BaseException, what: str) -> CloudError:
     module = type(exc).__module__ or ""
     if module.startswith("google.auth") or "credential" in type(exc).__name__.lower():
@@ -196,7 +191,9 @@ class Submitter:
 
     Uses the ``gcloud`` CLI when it is on PATH, else the ``google-cloud-aiplatform``
     SDK when importable; with neither, each call raises CloudError saying how to
-    install one. ``backend`` forces ``"gcloud"`` or ``"sdk"``.
+    install one. ``backend`` forces ``"gcloud"`` or ``"sdk"``; ``sdk``, the
+    ``(aiplatform, storage)`` modules the SDK backend uses instead of importing
+    ``google.cloud.aiplatform`` and ``google.cloud.storage`` (a test passes fakes).
 
     Example::
 
@@ -205,11 +202,15 @@ class Submitter:
         job = s.create_job(build_custom_job(spec), "my-proj", "us-central1")
     """
 
-    def __init__(self, backend: Optional[str] = None):
+    def __init__(self, backend: Optional[str] = None, sdk: Optional[Tuple[Any, Any]] = None):
         if backend not in (None, "gcloud", "sdk"):
             raise ConfigError("Submitter backend must be 'gcloud', 'sdk' or None; got %r."
                               % (backend,))
         self._backend = backend
+        self._sdk = sdk
+
+    def _sdk_modules(self):
+        return self._sdk if self._sdk is not None else self._import_sdk()
 
     @property
     def backend(self) -> str:
@@ -245,7 +246,7 @@ class Submitter:
         if self.backend == "gcloud":
             _run_gcloud(gcloud_upload_command(local_path, gs_uri), what)
             return gs_uri
-        _, storage = self._import_sdk()
+        _, storage = self._sdk_modules()
         bucket, blob = split_gs_uri(gs_uri)
         try:
             storage.Client().bucket(bucket).blob(blob).upload_from_filename(local_path)
@@ -288,7 +289,7 @@ class Submitter:
                 return json.loads(proc.stdout)
             except ValueError:
                 return {"output": (proc.stdout or "").strip()}
-        aiplatform, _ = self._import_sdk()
+        aiplatform, _ = self._sdk_modules()
         try:
             if kind == "custom":
                 name = _sdk_custom_job(aiplatform, request, project, region)
@@ -299,29 +300,28 @@ class Submitter:
         return {"name": name, "displayName": request["displayName"]}
 
 
+def _sdk_client(aiplatform, region):
+    return aiplatform.gapic.JobServiceClient(
+        client_options={"api_endpoint": "%s-aiplatform.googleapis.com" % region})
+
+
 def _sdk_custom_job(aiplatform, request, project, region) -> str:
-    job_spec = request["jobSpec"]
-    base_dir = job_spec.get("baseOutputDirectory", {}).get("outputUriPrefix")
-    job = aiplatform.CustomJob(
-        display_name=request["displayName"],
-        worker_pool_specs=_snake_case(job_spec["workerPoolSpecs"]),
-        base_output_dir=base_dir, staging_bucket=base_dir,
-        project=project, location=region)
-    if hasattr(job, "submit"):
-        job.submit()
-    else:
-        job.run(sync=False)
-    return job.resource_name
+    # The API client takes the whole request (the SDK's CustomJob class would
+    # pass on the worker pools and the output directory only). from_json reads
+    # the REST body's JSON names and durations as the REST API does.
+    job = _sdk_client(aiplatform, region).create_custom_job(
+        parent="projects/%s/locations/%s" % (project, region),
+        custom_job=aiplatform.gapic.CustomJob.from_json(json.dumps(request)))
+    return job.name
 
 
 def _sdk_tuning_job(aiplatform, request, project, region) -> str:
     # The SDK's HyperparameterTuningJob class wants its own parameter objects;
     # the API client takes the request as it is.
-    client = aiplatform.gapic.JobServiceClient(
-        client_options={"api_endpoint": "%s-aiplatform.googleapis.com" % region})
-    job = client.create_hyperparameter_tuning_job(
+    job = _sdk_client(aiplatform, region).create_hyperparameter_tuning_job(
         parent="projects/%s/locations/%s" % (project, region),
-        hyperparameter_tuning_job=_snake_case(dict(request)))
+        hyperparameter_tuning_job=aiplatform.gapic.HyperparameterTuningJob.from_json(
+            json.dumps(request)))
     return job.name
 
 
