@@ -53,7 +53,7 @@ from estimator_keras.cloud import jaxjob, katib, packaging, submission, tfjob
 from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, JobSpec, check_job_engine,
                                         job_entry, keras_backends)
 from estimator_keras.errors import ConfigError, UsageError
-from experiments import catalog, config_files, hparams, registry, train_flags
+from experiments import catalog, config_files, hparams, registry, submit_vertex, train_flags
 
 STRATEGIES = train_flags.STRATEGIES
 # train's flags that submit defines itself: the experiment, where the job
@@ -177,6 +177,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for action in forwarded:  # refused here, not by the job once it runs
         if action.dest in POSITIVE_FLAGS:
             action.type = positive_int
+    submit_vertex.add_vertex_flags(parser)
     tuning = parser.add_argument_group("hyperparameter tuning (Vertex AI, Katib)")
     tuning.add_argument("--tune", metavar="FILE",
                         help="search space YAML: create a HyperparameterTuningJob over it")
@@ -433,7 +434,8 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
         engine=getattr(args, "engine", None) or "auto",
         image=args.image if args.target == "vertex" else None,
         container_image=args.container_image, modules=modules, package_dirs=package_dirs,
-        config=getattr(args, "config", None), keras_backend=args.keras_backend)
+        config=getattr(args, "config", None), keras_backend=args.keras_backend,
+        vertex=submit_vertex.vertex_options(args))
 
     if args.target == "katib":
         return _write_katib(args, spec, study, _config(args, experiment))
