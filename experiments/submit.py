@@ -1,4 +1,4 @@
-"""`python -m experiments submit`: run an experiment as a Vertex AI custom job, a TFJob or a JAXJob.
+"""`python -m experiments submit`: run an experiment as a Vertex AI custom job, a Kubeflow TrainJob, TFJob or JAXJob.
 
 Examples::
 
@@ -17,7 +17,15 @@ Examples::
         --region us-central1 --job-dir gs://my-bucket/tune/1 --tune space.yaml \\
         --max-trials 8 --parallel-trials 2 --algorithm random --dry-run
 
-    # a Kubeflow TFJob manifest for an image that has the package installed
+    # Kubeflow Trainer v2: the TensorFlow runtime (once per cluster), then a
+    # TrainJob of 3 nodes (the keras3 engine's runs on Trainer's jax-distributed)
+    python -m experiments submit --target trainjob --print-runtime \\
+        --container-image gcr.io/p/ek:1 --output runtime.yaml
+    python -m experiments submit fashion_mnist_cnn --target trainjob \\
+        --job-dir gs://my-bucket/runs/1 --workers 2 --cpu 8 --memory 16Gi \\
+        --container-image gcr.io/p/ek:1 --output trainjob.yaml
+
+    # a Kubeflow TFJob manifest (training-operator v1.9) for an image that has the package installed
     python -m experiments submit fashion_mnist_cnn --target tfjob \\
         --job-dir gs://my-bucket/runs/1 --workers 2 \\
         --container-image gcr.io/p/ek:1 --output tfjob.yaml
@@ -43,13 +51,14 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import shlex
 import sys
 from typing import Callable, List, Optional, Sequence
 
 from estimator_keras import engines, io
 from estimator_keras.cloud import space as space_lib
-from estimator_keras.cloud import jaxjob, katib, packaging, submission, tfjob
+from estimator_keras.cloud import jaxjob, katib, packaging, submission, tfjob, trainjob
 from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, JobSpec, check_job_engine,
                                         job_entry, keras_backends)
 from estimator_keras.errors import ConfigError, UsageError
@@ -64,7 +73,8 @@ OWN_FLAGS = ("name", "model_dir", "data_dir", "config")
 SPEC_FLAGS = OWN_FLAGS + ("engine",)
 POSITIVE_FLAGS = ("max_steps", "batch_size", "eval_every")
 # --target -> what writes its Kubeflow manifest.
-KUBEFLOW_TARGETS = {"tfjob": tfjob.build_tfjob_manifest, "jaxjob": jaxjob.build_jaxjob_manifest}
+KUBEFLOW_TARGETS = {"trainjob": trainjob.build_trainjob_manifest,
+                    "tfjob": tfjob.build_tfjob_manifest, "jaxjob": jaxjob.build_jaxjob_manifest}
 
 
 def _count(text: str) -> int:
@@ -113,12 +123,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "`train`; --job-dir stands for its --model-dir."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("Examples::", 1)[1])
-    parser.add_argument("name", metavar="NAME",
+    parser.add_argument("name", metavar="NAME", nargs="?",
                         help="experiment to train, e.g. fashion_mnist_cnn")
     parser.add_argument("--project", help="Google Cloud project id (required for Vertex AI)")
     parser.add_argument("--region",
                         help="Vertex AI region, e.g. us-central1 (required for Vertex AI)")
-    parser.add_argument("--job-dir", required=True, metavar="gs://BUCKET/PATH",
+    parser.add_argument("--job-dir", metavar="gs://BUCKET/PATH",
                         help="job folder (Vertex's base output directory): package, "
                              "checkpoints, logs, model and default data")
     parser.add_argument("--data-dir", metavar="gs://BUCKET/PATH",
@@ -153,8 +163,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "create nothing")
     parser.add_argument("--target", choices=("vertex",) + tuple(KUBEFLOW_TARGETS) + ("katib",),
                         default="vertex",
-                        help="vertex (default) submits; tfjob writes a Kubeflow TFJob "
-                             "manifest, jaxjob (--engine keras3) a Kubeflow JAXJob, katib "
+                        help="vertex (default) submits; trainjob writes a Kubeflow Trainer v2 "
+                             "TrainJob (every engine); tfjob a Kubeflow TFJob and jaxjob "
+                             "(--engine keras3) a JAXJob, for training-operator v1.9; katib "
                              "(with --tune) a Katib Experiment")
     parser.add_argument("--keras-backend", choices=keras_backends(),
                         help="--engine keras3 only: KERAS_BACKEND of the job's containers "
@@ -168,6 +179,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "vertex runs it with containerSpec and uploads no package; "
                              "tfjob and jaxjob run it (keras3 needs one with Keras 3 and "
                              "JAX)")
+    kubernetes = parser.add_argument_group("Kubeflow Trainer v2 (--target trainjob)")
+    kubernetes.add_argument("--print-runtime", action="store_true",
+                            help="write the ClusterTrainingRuntime the estimator and keras "
+                                 "engines' TrainJobs run on (install it once per cluster "
+                                 "with kubectl apply); NAME and --job-dir are not needed")
+    kubernetes.add_argument("--cpu", metavar="QUANTITY",
+                            help="CPUs each node requests and is limited to, a Kubernetes "
+                                 "quantity: 8, 500m")
+    kubernetes.add_argument("--memory", metavar="QUANTITY",
+                            help="memory each node requests and is limited to: 16Gi, 512Mi")
     parser.add_argument("--output", metavar="FILE",
                         help="write the manifest YAML (tfjob, jaxjob) or the request JSON "
                              "(vertex) here")
@@ -382,13 +403,40 @@ def _write_katib(args, spec, study, config) -> int:
     return _write_manifest(args, experiment)
 
 
-def _write_manifest(args, manifest) -> int:
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
+
+
+def _check_resources(args) -> None:
+    """--cpu and --memory: Kubernetes quantities, for --target trainjob only."""
+    for flag, value, example in (("--cpu", args.cpu, "8 or 500m"),
+                                 ("--memory", args.memory, "16Gi or 512Mi")):
+        if value is None:
+            continue
+        if args.target != "trainjob":
+            raise UsageError("%s sets a TrainJob node's resources (--target trainjob); on "
+                             "%s the machine type decides them (--machine-type)."
+                             % (flag, args.target))
+        if not _QUANTITY.match(value):
+            raise UsageError("%s %r is not a Kubernetes quantity: a number with an optional "
+                             "unit, for example %s." % (flag, value, example))
+
+
+def _write_runtime(args) -> int:
+    """``--print-runtime``: the TensorFlow ClusterTrainingRuntime, checked with
+    Trainer's API models."""
+    runtime = trainjob.build_tensorflow_runtime(args.container_image or args.image)
+    trainjob.check(runtime)
+    return _write_manifest(args, runtime, "kubectl apply -f")
+
+
+def _write_manifest(args, manifest, apply="kubectl create -f") -> int:
     """A Kubernetes object as YAML: to --output (atomically), or stdout."""
     text = tfjob.to_yaml(manifest)
     if args.output:
         io.atomic_write(args.output, text)
-        print("wrote %s; start it with: kubectl create -f %s"
-              % (args.output, shlex.quote(args.output)), file=sys.stderr)
+        print("wrote %s; %s it with: %s %s"
+              % (args.output, "start" if apply.startswith("kubectl create") else "install",
+                 apply, shlex.quote(args.output)), file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -401,6 +449,16 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
     unknown one); by default ``experiments.registry.get`` when that module exists.
     Errors propagate as package exceptions for the dispatcher to map.
     """
+    if args.print_runtime:
+        return _write_runtime(args)
+    missing = [what for what, given in (("NAME (the experiment)", args.name),
+                                        ("--job-dir gs://BUCKET/PATH", args.job_dir))
+               if not given]
+    if missing:
+        raise UsageError("submit needs %s: the experiment to run and the Cloud Storage "
+                         "folder its job writes to (python -m experiments submit NAME "
+                         "--job-dir gs://BUCKET/PATH ...)." % " and ".join(missing))
+    _check_resources(args)
     if getattr(args, "model_dir", None):
         raise UsageError(
             "--model-dir does not apply to submit: the job's model dir follows --job-dir "
@@ -449,6 +507,11 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
         if study is not None:
             raise UsageError("--tune runs on Vertex AI or Katib (--target katib); for a "
                              "local study use `python -m experiments tune`.")
+        if args.target == "trainjob":
+            manifest = trainjob.build_trainjob_manifest(spec, image, cpu=args.cpu,
+                                                        memory=args.memory)
+            trainjob.check(manifest)
+            return _write_manifest(args, manifest)
         return _write_manifest(args, KUBEFLOW_TARGETS[args.target](spec, image))
 
     if not args.project or not args.region:
