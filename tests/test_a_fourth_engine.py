@@ -107,5 +107,7 @@ def test_the_docs_engine_table_has_its_column(registered):
     table = generate.GENERATORS["engines"]()
     header = next(line for line in table.splitlines() if line.startswith("| |"))
     assert header.split("|")[2:-1] == [" `estimator` ", " `keras` ", " `keras3` ", " `fourth` "]
-    assert ("| cloud jobs | vertex, tfjob, katib | vertex, tfjob, katib | vertex, jaxjob, katib "
-            "| vertex |") in table
+    assert ("| cloud jobs | vertex, trainjob, tfjob, katib | vertex, trainjob, tfjob, katib | "
+            "vertex, trainjob, jaxjob, katib | vertex |") in table
+    assert ("| TrainJob runtime | estimator-keras-tensorflow | estimator-keras-tensorflow | "
+            "jax-distributed | none |") in table

@@ -212,7 +212,8 @@ def test_jaxjob_backend_tensorflow_on_one_process():
 
 
 def test_the_builders_refuse_the_other_engines():
-    with pytest.raises(ConfigError, match="--target tfjob for the estimator"):
+    with pytest.raises(ConfigError, match="use --target trainjob or --target tfjob, which run "
+                                          "it"):
         jaxjob.build_jaxjob_manifest(keras3_spec(engine="keras"))
     with pytest.raises(ConfigError, match="--target jaxjob") as e:
         tfjob.build_tfjob_manifest(keras3_spec())

@@ -107,12 +107,9 @@ def check_engine(target: str, engine: str) -> None:
         return
     runs = registry.with_job_kind(target)
     kinds = [k for k in entry.job_kinds if k in KUBEFLOW_KINDS]
-    if kinds and not entry.no_tf_multi_worker:
-        instead = "use --target %s for the %s engine%s" % (
-            kinds[0], " and ".join(registry.with_job_kind(kinds[0])),
-            "s" if len(registry.with_job_kind(kinds[0])) > 1 else "")
-    elif kinds:
-        instead = "use --target %s, which runs it" % kinds[0]
+    if kinds:
+        instead = "use %s, which run%s it" % (" or ".join("--target " + k for k in kinds),
+                                             "" if len(kinds) > 1 else "s")
     else:
         instead = "submit it to Vertex AI"
     why = ("; %s" % entry.no_tf_multi_worker) if target == "tfjob" and \
