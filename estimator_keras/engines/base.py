@@ -74,14 +74,22 @@ class EarlyStopping:
 
 class TrainingHooks:
     """What an engine reports while it trains. The defaults log through
-    ``logging``; a runner passes its own ``log`` and ``on_evaluation``."""
+    ``logging``; a runner passes its own ``log``, ``on_evaluation`` and
+    ``on_progress``."""
 
-    def __init__(self, log=None, on_evaluation=None):
+    def __init__(self, log=None, on_evaluation=None, on_progress=None):
         self._log = log
         self._on_evaluation = on_evaluation
+        self._on_progress = on_progress
 
     def log(self, message):
         (self._log or logger.info)(message)
+
+    def on_progress(self, step, loss, seconds_left):
+        """With each progress line: the global step, the training loss (None
+        when unknown) and the estimated seconds left (None when unknown)."""
+        if self._on_progress is not None:
+            self._on_progress(step, loss, seconds_left)
 
     def on_evaluation(self, checkpoint, metrics):
         """After an evaluation of ``checkpoint``; ``metrics`` holds the eval
@@ -408,13 +416,16 @@ def duration(seconds):
 class ProgressMeter:
     """Turns (step, loss) reports into progress lines every ``every_steps``
     steps (``step N/M``, loss, rates and the estimated time left, from the
-    average rate so far), and a summary at the end; both engines feed it."""
+    average rate so far), and a summary at the end; every engine feeds it.
+    With each line it calls ``on_progress(step, loss, seconds_left)``."""
 
-    def __init__(self, every_steps, batch_size=None, replicas=1, log=None, max_steps=None):
+    def __init__(self, every_steps, batch_size=None, replicas=1, log=None, max_steps=None,
+                 on_progress=None):
         self.every_steps = max(1, int(every_steps))
         self.batch_size, self.replicas = batch_size, replicas
         self.max_steps = max_steps
         self.log = log or logger.info
+        self.on_progress = on_progress
         self.first = self.last = self.end = None
         self.loss = None
 
@@ -433,10 +444,14 @@ class ProgressMeter:
             line = progress_line(head, self.last, self.end, self.loss, self.batch_size,
                                  self.replicas)
             done, secs = step - self.first[0], now - self.first[1]
+            left = None
             if line and self.max_steps and done > 0 and secs > 0:
-                line += f", {duration((self.max_steps - step) * secs / done)} left"
+                left = (self.max_steps - step) * secs / done
+                line += f", {duration(left)} left"
             if line:
                 self.log(line)
+                if self.on_progress is not None:
+                    self.on_progress(step, self.loss, left)
             self.last = self.end
 
     def finish(self, final_step, now=None):

@@ -120,8 +120,9 @@ class ProgressHook(tf.estimator.SessionRunHook):
     """Logs loss, steps/s and examples/s every ``every_steps`` steps, and the
     average at the end (see :class:`~estimator_keras.engines.base.ProgressMeter`)."""
 
-    def __init__(self, every_steps=100, batch_size=None, replicas=1, log=None, max_steps=None):
-        self._settings = (every_steps, batch_size, replicas, log, max_steps)
+    def __init__(self, every_steps=100, batch_size=None, replicas=1, log=None, max_steps=None,
+                 on_progress=None):
+        self._settings = (every_steps, batch_size, replicas, log, max_steps, on_progress)
         self._step_tensor = self._loss = self._meter = None
 
     def begin(self):
@@ -301,7 +302,7 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
                        eval_every_steps=None, eval_steps=None, batch_size=None,
                        replicas=1, log_every_steps=100, early_stopping=None,
                        exporters=(), hooks=(), log=None, preemption=None, chief=True,
-                       stop_with_chief=False):
+                       stop_with_chief=False, on_progress=None):
     """Trains and evaluates an Estimator; returns the final eval metrics.
 
     Evaluation runs every time a checkpoint is saved, so the evaluation
@@ -317,14 +318,16 @@ def train_and_evaluate(estimator, train_input_fn, eval_input_fn, *, max_steps,
     first whose gradient sum carried a task's signal
     (:class:`~estimator_keras.engines.estimator.sums.PreemptionHook`),
     and a worker (``stop_with_chief``) raises Preempted naming the step the
-    chief saved.
+    chief saved. ``log`` takes the progress lines, and ``on_progress(step,
+    loss, seconds_left)`` is called with each.
 
     Raises:
       NumericalError: the loss became NaN or infinite.
       Preempted: training stopped on a signal.
     """
     base.check_positive("max_steps", max_steps)
-    progress = ProgressHook(log_every_steps, batch_size, replicas, log, int(max_steps))
+    progress = ProgressHook(log_every_steps, batch_size, replicas, log, int(max_steps),
+                            on_progress)
     train_hooks = [progress, ReleaseMemoryHook(eval_every_steps or RELEASE_MEMORY_STEPS), *hooks]
     listeners = [progress.listener()]
     stop_hook = None
@@ -489,7 +492,7 @@ class EstimatorEngine(base.TFCheckpointEngine):
             batch_size=plan.batch_size, replicas=plan.replicas,
             log_every_steps=plan.log_every_steps, early_stopping=plan.early_stopping,
             exporters=exporters, hooks=hooks, log=plan.hooks.log,
-            preemption=plan.preemption, chief=plan.chief,
+            on_progress=plan.hooks.on_progress, preemption=plan.preemption, chief=plan.chief,
             stop_with_chief=plan.strategy is not None and not plan.chief)
         step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
         return base.RunResult(None, metrics, step, None)

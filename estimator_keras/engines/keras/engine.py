@@ -360,7 +360,7 @@ def _fit(plan, build_compiled_model):
 
     full = _steps_per_call(model)
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
-                               plan.max_steps)
+                               plan.max_steps, hooks.on_progress)
     log_dir = None
     if importlib.util.find_spec("tensorboard") is not None:
         log_dir = (plan.summary_dir or plan.model_dir) if is_chief else None

@@ -368,7 +368,7 @@ def _fit(plan):
         hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
     replicas = plan.group.num_replicas_in_sync
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
-                               plan.max_steps)
+                               plan.max_steps, hooks.on_progress)
     evaluations = Evaluations(plan, saved, start, group)
     steps = TrainingSteps(plan, meter, lambda: evaluations.saved, model, start)
     train_data, eval_data = _datasets(plan, model)
