@@ -38,10 +38,15 @@ Import the module you need; this package file imports nothing.
   Model Registry) and :func:`copy_to_remote`.
 * :mod:`~estimator_keras.cloud.hypertune` -- the job side of a tuning trial:
   :func:`report` of the final metric (``cloudml-hypertune`` or its file format).
+* :mod:`~estimator_keras.cloud.trainjob_status` -- the job side of a Kubeflow
+  Trainer v2 TrainJob: :func:`from_environment`, a reporter of the training's
+  progress into the TrainJob's status (the Kubeflow SDK, from a thread). TF-free.
 
 Nothing here prints; failures raise :class:`~estimator_keras.errors.CloudError`
 (something could not be prepared or sent) or
-:class:`~estimator_keras.errors.ConfigError` (a value given by the caller is wrong).
+:class:`~estimator_keras.errors.ConfigError` (a value given by the caller is wrong),
+but for progress reports to a TrainJob: they never fail a training, and say
+what went wrong through the log they are given.
 
 Sources for field names, images and formats (read 2026):
 
