@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from estimator_keras import engines, export as export_lib, io, manifest, summaries
 from estimator_keras import tf_errors, verify
-from estimator_keras.cloud import hypertune
+from estimator_keras.cloud import hypertune, trainjob_status
 from estimator_keras.engines import base
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
@@ -66,6 +66,8 @@ class Runner:
         self.ctx = context
         # Set on a chief whose best-model exports would hold its group up.
         self.best = None
+        # The chief's reports into a Kubeflow TrainJob's status, where it has one.
+        self.status = None
 
     def run(self):
         roles = {"chief": self.chief, "worker": self.worker, "evaluator": self.evaluator,
@@ -75,7 +77,18 @@ class Runner:
     # -- the roles
 
     def chief(self):
-        """Trains (locally, or as the cluster's chief), then exports."""
+        """Trains (locally, or as the cluster's chief), then exports; reports
+        the progress into a Kubeflow TrainJob's status where the job has one."""
+        self.status = trainjob_status.from_environment(self.ctx.config.train.max_steps,
+                                                       self.ctx.log)
+        if self.status is None:
+            return self._chief()
+        with self.status:  # a Preempted reports the step it reached
+            metrics, export_dir = self._chief()
+            self.status.finish(None, metrics)
+        return metrics, export_dir
+
+    def _chief(self):
         ctx = self.ctx
         if ctx.skip_corrupt:
             _report_corrupt(ctx.train_fn.files)
@@ -139,7 +152,7 @@ class Runner:
     # -- shared by the roles
 
     def _plan(self, preemption=None):
-        hooks = base.TrainingHooks(self.ctx.log, self._on_evaluation)
+        hooks = base.TrainingHooks(self.ctx.log, self._on_evaluation, self._on_progress)
         return self.ctx.plan(hooks, preemption=preemption)
 
     def _train(self, is_chief):
@@ -176,8 +189,14 @@ class Runner:
             ctx.log_seed()
         return latest
 
+    def _on_progress(self, step, loss, seconds_left):
+        if self.status is not None:
+            self.status.progress(step, loss, seconds_left)
+
     def _on_evaluation(self, checkpoint, metrics):
         ctx = self.ctx
+        if self.status is not None:
+            self.status.evaluation(metrics)
         if ctx.evaluations:
             ctx.evaluations.record(metrics)
         if self.best is not None:
