@@ -47,6 +47,7 @@ ENVIRONMENTS = {
             "test_submit_flags.py", "test_tune.py", "test_vector_data.py",
             "test_messages.py", "test_one_input_models.py", "test_exit.py",
             "test_engine_house.py", "test_a_fourth_engine.py", "test_tune_engines.py",
+            "test_trainjob_status.py",
             "test_vertex_requests.py",
         ),
         # The keras engine's guarantees run in the keras env (TensorFlow 2.21).
@@ -98,6 +99,7 @@ ENVIRONMENTS = {
             "test_plugins.py", "test_plugins_cluster.py", "test_precision.py",
             "test_preemption.py", "test_preemption_tasks.py", "test_reliability.py",
             "test_built_once.py", "test_builders_keras3.py", "test_tune_engines.py",
+            "test_trainjob_status.py",
         ),
         engines=("keras",),
         backends=("jax",),
