@@ -50,7 +50,7 @@ from typing import Dict, List, Optional
 
 from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
-from estimator_keras.distribute import netns
+from estimator_keras.distribute import netns, trainjob_pods
 from estimator_keras.distribute.launcher import signal_group
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
 from experiments import evaluations, search, studies, tune_config, tune_plots
@@ -64,9 +64,11 @@ EXPORT_INFO = os.path.join("export", "export.json")
 
 # A trial the pruner stops trains on until the SIGTERM lands: poll often.
 _POLL_S = 0.2
-# Variables that would send a trial somewhere else than its own model dir.
+# Variables that would send a trial somewhere else than its own model dir,
+# join it to a cluster, or have every trial report into one TrainJob's status.
 _DROPPED_ENV = ("TF_CONFIG", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR",
-                "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
+                "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE", "KUBEFLOW_TRAINER_SERVER_URL"
+                ) + trainjob_pods.JAX_VARIABLES + trainjob_pods.TF_VARIABLES
 
 
 def say(message):

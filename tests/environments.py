@@ -49,6 +49,7 @@ ENVIRONMENTS = {
             "test_engine_house.py", "test_a_fourth_engine.py", "test_tune_engines.py",
             "test_trainjob_status.py",
             "test_vertex_requests.py",
+            "test_trainjob.py",
         ),
         # The keras engine's guarantees run in the keras env (TensorFlow 2.21).
         engines=("estimator",),
@@ -73,6 +74,13 @@ ENVIRONMENTS = {
                 "Keras 3 needs TensorFlow 2.16+",
             "tests/test_embeddings.py::*[[]keras-mwms[]]":
                 "the keras engine's embeddings across workers run in the keras env",
+            "tests/test_trainjob.py::test_three_pods_given_a_trainjobs_environment_train_as_one_"
+            "cluster[[]keras*[]]": "the keras and keras3 engines' TrainJob pods run in the keras "
+                                   "env",
+            "tests/test_trainjob.py::test_manifests_and_variables_match_trainer_v2_3_0_where_its"
+            "_source_is_at_hand": "Kubeflow Trainer's source is not in the repository: set "
+                                  "EK_TRAINER_SOURCE to a checkout of its v2.3.0 tag to run "
+                                  "it",
         },
         # The keras engine's own module runs in the keras env, on TensorFlow
         # 2.21; here only its moves from the estimator engine, which need both.
@@ -100,6 +108,7 @@ ENVIRONMENTS = {
             "test_preemption.py", "test_preemption_tasks.py", "test_reliability.py",
             "test_built_once.py", "test_builders_keras3.py", "test_tune_engines.py",
             "test_trainjob_status.py",
+            "test_trainjob.py",
         ),
         engines=("keras",),
         backends=("jax",),
@@ -131,7 +140,9 @@ ENVIRONMENTS = {
             "tests/test_keras3_setup.py::test_cli_backend_not_installed_names_the_extra":
                 "JAX is installed: this case needs an environment without a training backend",
         },
-        only={},
+        only={"test_trainjob.py": (
+            "test_three_pods_given_a_trainjobs_environment_train_as_one_cluster[[]keras[]]",
+            "test_three_pods_given_a_trainjobs_environment_train_as_one_cluster[[]keras3[]]")},
     ),
     "py313": Environment(
         "Python 3.13 with '.[cpu]' and the test tools only, as the Quickstart installs it: "

@@ -1125,3 +1125,17 @@ def test_storage_urls_are_checked_and_passwords_kept_out_of_messages(tmp_path):
     with pytest.raises(ConfigError, match=r"postgresql://tuner:\*\*\*@127\.0\.0\.1:9/none: "
                                           r"cannot open"):
         studies.open_storage("postgresql://tuner:secret@127.0.0.1:9/none")
+
+
+def test_a_trial_trains_alone_and_reports_nowhere_even_inside_a_trainjob_pod(monkeypatch):
+    from experiments import tune
+    pod = {"KUBEFLOW_TRAINER_SERVER_URL": "https://trainer:10443/x",
+           "JAX_COORDINATOR_ADDRESS": "j-node-0-0.j:29500", "JAX_NUM_PROCESSES": "2",
+           "JAX_PROCESS_ID": "0", "EK_TRAINJOB_NAME": "j", "EK_TRAINJOB_NUM_NODES": "2",
+           "EK_TRAINJOB_NODE_INDEX": "0", "EK_TRAINJOB_PORT": "2222", "TF_CONFIG": "{}",
+           "KEEP_ME": "1"}
+    for name, value in pod.items():
+        monkeypatch.setenv(name, value)
+    env = tune._child_env()
+    assert env["KEEP_ME"] == "1"
+    assert not (set(pod) - {"KEEP_ME"}) & set(env)

@@ -1,4 +1,4 @@
-"""Run an experiment as a Vertex AI CustomJob or HyperparameterTuningJob, or a Kubeflow TFJob or JAXJob.
+"""Run an experiment as a Vertex AI CustomJob or HyperparameterTuningJob, or a Kubeflow TrainJob, TFJob or JAXJob.
 
 Import the module you need; this package file imports nothing.
 
@@ -21,6 +21,12 @@ Import the module you need; this package file imports nothing.
   that SDK is installed. TF-free.
 * :mod:`~estimator_keras.cloud.tfjob` -- :func:`build_tfjob_manifest`, a
   Kubeflow ``TFJob``, the helpers Kubeflow jobs share, and :func:`to_yaml`. TF-free.
+* :mod:`~estimator_keras.cloud.trainjob` -- :func:`build_trainjob_manifest`, a
+  Kubeflow Trainer v2 ``TrainJob`` for every engine, and
+  :func:`build_tensorflow_runtime`, the ClusterTrainingRuntime TF_CONFIG
+  clusters run on; :func:`check` with Trainer's API models. TF-free.
+* :mod:`~estimator_keras.cloud.targets` -- what each ``submit --target``
+  supports, per engine (the docs' table). TF-free.
 * :mod:`~estimator_keras.cloud.jaxjob` -- :func:`build_jaxjob_manifest`, a
   Kubeflow ``JAXJob`` of keras3 processes on JAX's distributed runtime. TF-free.
 * :mod:`~estimator_keras.cloud.packaging` -- building the sdists a Vertex job
