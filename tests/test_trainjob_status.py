@@ -31,7 +31,7 @@ from trainjob_server import LAST_DELIVERY, StatusServer, make_ca
 
 sdk = pytest.importorskip("kubeflow.trainer")
 SDK_MODULE = importlib.import_module(sdk.update_trainjob_status.__module__)
-INSTALL = "pip install 'estimator-keras[kubeflow]'"
+INSTALL = "pip install -e '.[kubeflow]'"
 # A report() that waits on anything but a lock is a bug; 50 ms leaves room
 # for a loaded machine.
 QUICK_S = 0.05

@@ -17,7 +17,7 @@ entry gives (:attr:`~estimator_keras.engines.registry.Entry.trainjob_runtime`):
   parameter servers and an evaluator need a TFJob (``--target tfjob``).
 
 :func:`check` round-trips a manifest through the ``kubeflow-trainer-api`` 2.3
-models (pip install 'estimator-keras[kubeflow]'): a field they do not know, or
+models (pip install -e '.[kubeflow]' in the checkout): a field they do not know, or
 a value of the wrong type, is a ConfigError naming it.
 
 Sources: github.com/kubeflow/trainer at v2.3.0: manifests/base/crds/ (the

@@ -7,8 +7,8 @@ status), ``KUBEFLOW_TRAINER_SERVER_CA_CERT`` (the CA file of its certificate)
 and ``KUBEFLOW_TRAINER_SERVER_TOKEN`` (the path of a projected service-account
 token, which the kubelet rotates). :func:`from_environment` returns a
 :class:`StatusReporter` where they are set; it sends through the Kubeflow
-SDK's ``kubeflow.trainer.update_trainjob_status`` (``pip install
-'estimator-keras[kubeflow]'``), which reads the three variables, the CA file
+SDK's ``kubeflow.trainer.update_trainjob_status`` (``pip install -e
+'.[kubeflow]'`` in the checkout), which reads the three variables, the CA file
 and the token file itself (it re-reads the token every 5 minutes).
 
 What a report holds (``trainerStatus`` of the endpoint's
@@ -66,7 +66,7 @@ from estimator_keras.errors import Preempted
 URL_VARIABLE = "KUBEFLOW_TRAINER_SERVER_URL"
 CA_VARIABLE = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 TOKEN_VARIABLE = "KUBEFLOW_TRAINER_SERVER_TOKEN"
-INSTALL = "pip install 'estimator-keras[kubeflow]'"
+INSTALL = "pip install -e '.[kubeflow]' (from the package's checkout)"
 
 SDK_THROTTLE_SECS = 5.0
 """The SDK sends nothing within this long of its last successful update."""
