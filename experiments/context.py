@@ -259,14 +259,15 @@ class RunContext:
             # others see: they all train, or none does.
             start_step = int(training_group.from_process_0(start_step))
         seed = base.run_seed(config.train.seed, start_step)
+        tf.keras.utils.set_random_seed(seed)
+        probe = experiment.make_model(config.model, data)
         refuses = engines.registry.get(engine_obj.name).no_bfloat16
         policy, policy_reason = precision.resolve(
-            config.train.precision, no_bfloat16=refuses(strategy_name) if refuses else "")
+            config.train.precision,
+            no_bfloat16=refuses(strategy_name, probe) if refuses else "")
         if config.train.precision != "float32":
             task_log(info, f"precision {policy} ({config.train.precision}: {policy_reason}); "
                            f"variables and exports stay float32")
-        tf.keras.utils.set_random_seed(seed)
-        probe = experiment.make_model(config.model, data)
         engines.check_model_keras(probe, engine_obj.name,
                                   source=f"experiment {config.name}'s model builder")
         check_inputs(probe, config, dataset_path)

@@ -32,19 +32,26 @@ def test_auto_picks_bfloat16_only_on_a_cpu_that_has_it(tmp_path, monkeypatch):
 
 def test_an_engine_and_strategy_without_bfloat16_keep_auto_float32_and_refuse_bfloat16(
         tmp_path, monkeypatch):
+    import tensorflow as tf
     from estimator_keras.engines import registry
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
     with_bf16 = _cpuinfo(tmp_path, "bf16", "avx512f avx512_bf16")
+    inputs = tf.keras.Input((8, 8, 1))
+    cnn = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(tf.keras.layers.Flatten()(
+        tf.keras.layers.Conv2D(4, 3)(inputs))))
+    inputs = tf.keras.Input((4,))
+    mlp = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))
     refuses = registry.get("estimator").no_bfloat16
-    why = refuses("multi_worker_mirrored")
-    assert "_FusedConv2D" in why and refuses("parameter_server") == why
-    assert refuses("none") == refuses("mirrored") == ""
+    why = refuses("multi_worker_mirrored", cnn)
+    assert "_FusedConv2D" in why and refuses("parameter_server", cnn) == why
+    assert refuses("none", cnn) == refuses("mirrored", cnn) == ""
+    assert refuses("multi_worker_mirrored", mlp) == ""
     assert precision.resolve("auto", has_gpu=False, cpuinfo=with_bf16,
                              no_bfloat16=why) == ("float32", why)
     with pytest.raises(ConfigError, match="mixed_bfloat16 cannot train here: TensorFlow 2.15"):
         precision.resolve("mixed_bfloat16", cpuinfo=with_bf16, no_bfloat16=why)
     assert precision.resolve("auto", has_gpu=False, cpuinfo=with_bf16,
-                             no_bfloat16=refuses("none"))[0] == "mixed_bfloat16"
+                             no_bfloat16="")[0] == "mixed_bfloat16"
 
 
 def test_an_unknown_precision_names_the_choices():

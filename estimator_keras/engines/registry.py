@@ -111,10 +111,11 @@ class Entry:
     no_tf_multi_worker: str = ""
     """Why it does not train under TensorFlow's MultiWorkerMirroredStrategy
     (a TF_CONFIG cluster, a TFJob), or "" where it does."""
-    no_bfloat16: Optional[Callable[[str], str]] = None
-    """``fn(strategy) -> str``: why it cannot train in mixed_bfloat16 under that
-    strategy ("" where it can), or None where it always can; "auto" precision
-    then stays float32 and an explicit mixed_bfloat16 is refused."""
+    no_bfloat16: Optional[Callable[[str, object], str]] = None
+    """``fn(strategy, model) -> str``: why it cannot train ``model`` (a Keras
+    model) in mixed_bfloat16 under that strategy ("" where it can), or None
+    where it always can; "auto" precision then stays float32 and an explicit
+    mixed_bfloat16 is refused."""
     image_hint: str = ""
     """Where no prebuilt image serves it: what its image must hold, and how
     to build one."""

@@ -25,15 +25,22 @@ def _claims(reader):
     return checkpoints.claims(reader)
 
 
-def _no_bfloat16(strategy):
+def _no_bfloat16(strategy, model):
     # Found by a 3-pod TrainJob test: in a TF_CONFIG cluster the Estimator's
     # graph runs on TensorFlow's distributed runtime, which fuses convolutions
     # into _FusedConv2D, an op TensorFlow 2.15 has no bfloat16 CPU kernel for.
-    # One process (none, mirrored) trains in bfloat16.
-    if strategy in ("multi_worker_mirrored", "parameter_server"):
-        return ("TensorFlow 2.15's Estimator in a cluster runs fused convolutions "
-                "(_FusedConv2D), which have no bfloat16 CPU kernel")
-    return ""
+    # One process (none, mirrored), and models without convolutions, train in
+    # bfloat16.
+    if strategy not in ("multi_worker_mirrored", "parameter_server"):
+        return ""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (only when training)
+    layers = tf.keras.layers
+    convolutions = (layers.Conv1D, layers.Conv2D, layers.Conv3D, layers.SeparableConv1D,
+                    layers.SeparableConv2D, layers.DepthwiseConv2D)
+    if not any(isinstance(m, convolutions) for m in model.submodules):
+        return ""
+    return ("TensorFlow 2.15's Estimator in a cluster runs convolutions fused (_FusedConv2D), "
+            "which have no bfloat16 CPU kernel")
 
 
 ENTRY = Entry(
