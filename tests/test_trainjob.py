@@ -82,8 +82,10 @@ def _cel_holds(rule, node):
 
 # ------------------------------------------------------------ the manifests
 
-@pytest.mark.parametrize("engine", ["estimator", "keras", "keras3"])
-def test_a_trainjob_per_engine_names_its_runtime_and_passes_trainers_models(engine):
+# Not "engine": the environments would run each case in one env only.
+@pytest.mark.parametrize("job_engine", ["estimator", "keras", "keras3"])
+def test_a_trainjob_per_engine_names_its_runtime_and_passes_trainers_models(job_engine):
+    engine = job_engine
     manifest = _manifest(engine)
     assert manifest["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
     assert manifest["kind"] == "TrainJob"
