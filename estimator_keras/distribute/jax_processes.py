@@ -103,17 +103,6 @@ class ProcessGroup:
         return tf_config.ClusterInfo(cluster, "worker", self.process_id - 1)
 
 
-def _integer(name, text, minimum, maximum=None):
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        value = None
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        limit = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
-        raise ClusterConfigError(f"{name}={text!r} is not a whole number {limit}.")
-    return value
-
-
 def _coordinator_host(text):
     """COORDINATOR_ADDRESS as the host part of "host:port" (an IPv6 address
     in brackets); the port comes from COORDINATOR_PORT."""
@@ -147,9 +136,9 @@ def _from_jaxjob(environ):
             f"{', '.join(missing)}. Set the missing ones, or unset them all to train in one "
             f"process.")
     host = _coordinator_host(environ["COORDINATOR_ADDRESS"])
-    port = _integer("COORDINATOR_PORT", environ["COORDINATOR_PORT"], 1, 65535)
-    count = _integer("NUM_PROCESSES", environ["NUM_PROCESSES"], 1)
-    rank = _integer("PROCESS_ID", environ["PROCESS_ID"], 0, count - 1)
+    port = tf_config.whole_number("COORDINATOR_PORT", environ["COORDINATOR_PORT"], 1, 65535)
+    count = tf_config.whole_number("NUM_PROCESSES", environ["NUM_PROCESSES"], 1)
+    rank = tf_config.whole_number("PROCESS_ID", environ["PROCESS_ID"], 0, count - 1)
     return ProcessGroup(f"{host}:{port}", count, rank, "JAXJob (" + ", ".join(
         JAXJOB_VARIABLES) + ")")
 

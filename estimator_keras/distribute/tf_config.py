@@ -102,6 +102,19 @@ def describe_cluster(cluster):
     return ", ".join(parts) if parts else "nothing"
 
 
+def whole_number(name, text, minimum, maximum=None):
+    """``text`` (an environment variable's value) as an int from ``minimum``
+    to ``maximum``; ClusterConfigError naming ``name`` otherwise."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        limit = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+        raise ClusterConfigError(f"{name}={text!r} is not a whole number {limit}.")
+    return value
+
+
 def check_address(where, address):
     """Raises ClusterConfigError unless ``address`` is "host:port";
     ``where`` names it in the message (e.g. "TF_CONFIG cluster['chief'][0]")."""

@@ -25,6 +25,7 @@ subdomain (jobset.sigs.k8s.io, v1alpha2).
 import json
 import os
 
+from estimator_keras.distribute.tf_config import whole_number
 from estimator_keras.errors import ClusterConfigError
 
 NODE = "node"
@@ -47,17 +48,6 @@ COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completi
 def host(job, index):
     """The stable DNS name of pod ``index`` of TrainJob ``job``."""
     return f"{job}-{NODE}-0-{index}.{job}"
-
-
-def _number(name, text, minimum, maximum=None):
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        value = None
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        limit = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
-        raise ClusterConfigError(f"{name}={text!r} is not a whole number {limit}.")
-    return value
 
 
 def _given(environ, names):
@@ -87,9 +77,9 @@ def jax_group(environ):
         raise ClusterConfigError(
             f"JAX_COORDINATOR_ADDRESS={address!r} is not \"host:port\" (Kubeflow Trainer sets "
             f"\"<job>-node-0-0.<job>:29500\").")
-    _number("the port of JAX_COORDINATOR_ADDRESS", port, 1, 65535)
-    count = _number("JAX_NUM_PROCESSES", environ["JAX_NUM_PROCESSES"], 1)
-    rank = _number("JAX_PROCESS_ID", environ["JAX_PROCESS_ID"], 0, count - 1)
+    whole_number("the port of JAX_COORDINATOR_ADDRESS", port, 1, 65535)
+    count = whole_number("JAX_NUM_PROCESSES", environ["JAX_NUM_PROCESSES"], 1)
+    rank = whole_number("JAX_PROCESS_ID", environ["JAX_PROCESS_ID"], 0, count - 1)
     return address, count, rank
 
 
@@ -116,9 +106,9 @@ def tf_config(environ):
         raise ClusterConfigError(
             f"EK_TRAINJOB_NAME={job!r} is not a TrainJob name (a DNS-1035 label: lower-case "
             f"letters, digits and '-').")
-    count = _number("EK_TRAINJOB_NUM_NODES", environ["EK_TRAINJOB_NUM_NODES"], 1)
-    index = _number("EK_TRAINJOB_NODE_INDEX", environ["EK_TRAINJOB_NODE_INDEX"], 0, count - 1)
-    port = _number("EK_TRAINJOB_PORT", environ["EK_TRAINJOB_PORT"], 1, 65535)
+    count = whole_number("EK_TRAINJOB_NUM_NODES", environ["EK_TRAINJOB_NUM_NODES"], 1)
+    index = whole_number("EK_TRAINJOB_NODE_INDEX", environ["EK_TRAINJOB_NODE_INDEX"], 0, count - 1)
+    port = whole_number("EK_TRAINJOB_PORT", environ["EK_TRAINJOB_PORT"], 1, 65535)
     cluster = {"chief": [f"{host(job, 0)}:{port}"]}
     if count > 1:
         cluster["worker"] = [f"{host(job, i)}:{port}" for i in range(1, count)]
