@@ -41,11 +41,16 @@ def test_an_engine_and_strategy_without_bfloat16_keep_auto_float32_and_refuse_bf
         tf.keras.layers.Conv2D(4, 3)(inputs))))
     inputs = tf.keras.Input((4,))
     mlp = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))
+    # A convolution inside a nested model counts too.
+    inputs = tf.keras.Input((8, 8, 1))
+    nested = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(tf.keras.layers.Flatten()(
+        cnn(inputs))))
     refuses = registry.get("estimator").no_bfloat16
     why = refuses("multi_worker_mirrored", cnn)
     assert "_FusedConv2D" in why and refuses("parameter_server", cnn) == why
     assert refuses("none", cnn) == refuses("mirrored", cnn) == ""
     assert refuses("multi_worker_mirrored", mlp) == ""
+    assert refuses("multi_worker_mirrored", nested) == why
     assert precision.resolve("auto", has_gpu=False, cpuinfo=with_bf16,
                              no_bfloat16=why) == ("float32", why)
     with pytest.raises(ConfigError, match="mixed_bfloat16 cannot train here: TensorFlow 2.15"):

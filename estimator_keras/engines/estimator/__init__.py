@@ -25,6 +25,13 @@ def _claims(reader):
     return checkpoints.claims(reader)
 
 
+def _layers(model):
+    """Every layer of ``model``, those of nested models included."""
+    for layer in model.layers:
+        yield layer
+        yield from _layers(layer) if hasattr(layer, "layers") else ()
+
+
 def _no_bfloat16(strategy, model):
     # Found by a 3-pod TrainJob test: in a TF_CONFIG cluster the Estimator's
     # graph runs on TensorFlow's distributed runtime, which fuses convolutions
@@ -37,7 +44,7 @@ def _no_bfloat16(strategy, model):
     layers = tf.keras.layers
     convolutions = (layers.Conv1D, layers.Conv2D, layers.Conv3D, layers.SeparableConv1D,
                     layers.SeparableConv2D, layers.DepthwiseConv2D)
-    if not any(isinstance(m, convolutions) for m in model.submodules):
+    if not any(isinstance(layer, convolutions) for layer in _layers(model)):
         return ""
     return ("TensorFlow 2.15's Estimator in a cluster runs convolutions fused (_FusedConv2D), "
             "which have no bfloat16 CPU kernel")
