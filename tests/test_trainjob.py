@@ -322,6 +322,7 @@ def test_each_missing_tensorflow_runtime_variable_is_named(missing):
 
 @pytest.mark.parametrize("name, value, message", [
     ("EK_TRAINJOB_NAME", "Bad_Name", "not a TrainJob name"),
+    ("EK_TRAINJOB_NAME", "Fmnist", "not a TrainJob name"),
     ("EK_TRAINJOB_NUM_NODES", "0", "EK_TRAINJOB_NUM_NODES='0'"),
     ("EK_TRAINJOB_NODE_INDEX", "3", "from 0 to 2"),
     ("EK_TRAINJOB_PORT", "http", "EK_TRAINJOB_PORT='http'"),

@@ -24,6 +24,7 @@ subdomain (jobset.sigs.k8s.io, v1alpha2).
 
 import json
 import os
+import re
 
 from estimator_keras.distribute.tf_config import whole_number
 from estimator_keras.errors import ClusterConfigError
@@ -45,14 +46,26 @@ COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completi
 """The downward-API field of an indexed Job's pod index."""
 
 
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
 def host(job, index):
     """The stable DNS name of pod ``index`` of TrainJob ``job``."""
     return f"{job}-{NODE}-0-{index}.{job}"
 
 
-def _given(environ, names):
+def _all_or_none(environ, names, need):
+    """True when every one of ``names`` is set, False when none is;
+    ClusterConfigError for some: ``need`` says what needs them all, and why."""
     found = [v for v in names if str(environ.get(v, "")).strip()]
-    return found, [v for v in names if v not in found]
+    if not found:
+        return False
+    missing = [v for v in names if v not in found]
+    if missing:
+        raise ClusterConfigError(
+            f"{need}; given {', '.join(found)}, missing {', '.join(missing)}. Set the missing "
+            f"ones, or unset them all to train in one process.")
+    return True
 
 
 def jax_group(environ):
@@ -62,15 +75,11 @@ def jax_group(environ):
     Raises:
       ClusterConfigError: some set and others missing, or a bad value.
     """
-    found, missing = _given(environ, JAX_VARIABLES)
-    if not found:
+    if not _all_or_none(environ, JAX_VARIABLES,
+                        f"a JAX process group from Kubeflow Trainer needs all three of "
+                        f"{', '.join(JAX_VARIABLES)} (its jax-distributed runtime sets them in "
+                        f"every pod)"):
         return None
-    if missing:
-        raise ClusterConfigError(
-            f"a JAX process group from Kubeflow Trainer needs all three of "
-            f"{', '.join(JAX_VARIABLES)} (its jax-distributed runtime sets them in every pod); "
-            f"given {', '.join(found)}, missing {', '.join(missing)}. Set the missing ones, or "
-            f"unset them all to train in one process.")
     address = environ["JAX_COORDINATOR_ADDRESS"].strip()
     hostname, _, port = address.rpartition(":")
     if not hostname or any(c.isspace() or c == "/" for c in hostname):
@@ -91,18 +100,14 @@ def tf_config(environ):
     Raises:
       ClusterConfigError: some set and others missing, or a bad value.
     """
-    found, missing = _given(environ, TF_VARIABLES)
-    if not found:
+    if not _all_or_none(environ, TF_VARIABLES,
+                        f"a TensorFlow cluster from a Kubeflow TrainJob needs all four of "
+                        f"{', '.join(TF_VARIABLES)} (the runtime from `submit --target trainjob "
+                        f"--print-runtime` sets the name, index and port, the TrainJob sets "
+                        f"EK_TRAINJOB_NUM_NODES to its trainer.numNodes)"):
         return None
-    if missing:
-        raise ClusterConfigError(
-            f"a TensorFlow cluster from a Kubeflow TrainJob needs all four of "
-            f"{', '.join(TF_VARIABLES)} (the runtime from `submit --target trainjob "
-            f"--print-runtime` sets the name, index and port, the TrainJob sets "
-            f"EK_TRAINJOB_NUM_NODES to its trainer.numNodes); given {', '.join(found)}, "
-            f"missing {', '.join(missing)}.")
     job = environ["EK_TRAINJOB_NAME"].strip()
-    if not all(c.isalnum() or c == "-" for c in job) or not job[0].isalpha():
+    if not _DNS_1035.match(job):
         raise ClusterConfigError(
             f"EK_TRAINJOB_NAME={job!r} is not a TrainJob name (a DNS-1035 label: lower-case "
             f"letters, digits and '-').")
