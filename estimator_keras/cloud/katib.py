@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 from estimator_keras.cloud import space as space_lib
 from estimator_keras.cloud.spec import JobSpec
-from estimator_keras.cloud.tfjob import gpu_limits, job_metadata, job_program
+from estimator_keras.cloud.tfjob import gpu_limits, job_metadata, job_program, round_trip_losses
 from estimator_keras.errors import ConfigError, UsageError
 
 API_VERSION = "kubeflow.org/v1beta1"
@@ -140,21 +140,6 @@ def build_experiment(spec: JobSpec, study: space_lib.Study, image: Optional[str]
             "metadata": job_metadata(spec, namespace), "spec": experiment_spec}
 
 
-def _dropped(given: Any, kept: Any, where: str = "") -> List[str]:
-    """Paths of ``given``'s keys that ``kept`` (the models' round trip) lost."""
-    if isinstance(given, dict):
-        kept = kept if isinstance(kept, dict) else {}
-        out = []
-        for key, value in given.items():
-            path = "%s.%s" % (where, key) if where else key
-            out += [path] if key not in kept else _dropped(value, kept[key], path)
-        return out
-    if isinstance(given, list) and isinstance(kept, list):
-        return [p for i, (g, k) in enumerate(zip(given, kept))
-                for p in _dropped(g, k, "%s[%d]" % (where, i))]
-    return []
-
-
 def check(experiment: Dict[str, Any]) -> None:
     """Validates ``experiment`` with Katib's API models (ConfigError naming
     the field); UsageError when the models are not installed."""
@@ -168,7 +153,7 @@ def check(experiment: Dict[str, Any]) -> None:
     except Exception as e:  # pydantic's ValidationError names the field
         raise ConfigError("the Katib Experiment does not pass Katib's API models: %s" % e
                           ) from None
-    lost = _dropped(experiment, parsed.to_dict())
+    lost = round_trip_losses(experiment, parsed.to_dict(), values=False)
     if lost:
         raise ConfigError("the Katib Experiment has fields Katib's API models do not know: "
                           "%s." % ", ".join(lost))

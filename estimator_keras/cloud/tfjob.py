@@ -165,6 +165,25 @@ def build_tfjob_manifest(spec: JobSpec, image: Optional[str] = None,
     }
 
 
+def round_trip_losses(given: Any, kept: Any, where: str = "",
+                      values: bool = True) -> List[str]:
+    """Paths in ``given`` (a manifest) that ``kept`` (its round trip through an
+    API's models) lost, and with ``values`` those whose value it changed."""
+    if isinstance(given, dict):
+        kept = kept if isinstance(kept, dict) else {}
+        out: List[str] = []
+        for key, value in given.items():
+            path = "%s.%s" % (where, key) if where else key
+            out += [path] if key not in kept else round_trip_losses(value, kept[key], path,
+                                                                    values)
+        return out
+    if isinstance(given, list) and isinstance(kept, list) and (
+            not values or len(given) == len(kept)):
+        return [p for i, (g, k) in enumerate(zip(given, kept))
+                for p in round_trip_losses(g, k, "%s[%d]" % (where, i), values)]
+    return [where] if values and given != kept else []
+
+
 def to_yaml(manifest: Mapping[str, Any]) -> str:
     """Block-style YAML of ``manifest``, keys in the order the builder wrote them."""
     return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)

@@ -30,7 +30,8 @@ pkg/runtime/framework/plugins/{jax,plainml}/.
 from typing import Any, Dict, List, Optional
 
 from estimator_keras.cloud.spec import JobSpec, job_entry
-from estimator_keras.cloud.tfjob import check_engine, job_metadata, job_program
+from estimator_keras.cloud.tfjob import (check_engine, job_metadata, job_program,
+                                         round_trip_losses)
 from estimator_keras.distribute import trainjob_pods
 from estimator_keras.engines.registry import TENSORFLOW_RUNTIME
 from estimator_keras.errors import ConfigError
@@ -151,22 +152,6 @@ def build_tensorflow_runtime(image: Optional[str] = None,
     }
 
 
-def _differences(given: Any, kept: Any, path: str) -> List[str]:
-    if isinstance(given, dict) and isinstance(kept, dict):
-        found = []
-        for key, value in given.items():
-            where = "%s.%s" % (path, key) if path else key
-            if key not in kept:
-                found.append(where)
-            else:
-                found += _differences(value, kept[key], where)
-        return found
-    if isinstance(given, list) and isinstance(kept, list) and len(given) == len(kept):
-        return [d for i, (a, b) in enumerate(zip(given, kept))
-                for d in _differences(a, b, "%s[%d]" % (path, i))]
-    return [] if given == kept else [path]
-
-
 def check(manifest: Dict[str, Any]) -> None:
     """ConfigError unless ``manifest`` (a TrainJob or ClusterTrainingRuntime)
     round-trips through Kubeflow Trainer's API models unchanged: every field
@@ -184,7 +169,7 @@ def check(manifest: Dict[str, Any]) -> None:
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         raise ConfigError("the %s does not fit Kubeflow Trainer's API (kubeflow-trainer-api "
                           "models): %s" % (manifest["kind"], e)) from e
-    unknown = _differences(manifest, kept, "")
+    unknown = round_trip_losses(manifest, kept)
     if unknown:
         raise ConfigError("the %s has fields Kubeflow Trainer's API does not know, or values "
                           "it changes: %s." % (manifest["kind"], ", ".join(unknown)))
