@@ -35,7 +35,8 @@ COPY estimator_keras ./estimator_keras
 COPY experiments ./experiments
 
 # The same extras as the README's install lines, plus kubeflow: in a Kubeflow
-# TrainJob the chief reports its progress with Kubeflow's SDK. tf-keras declares the full
+# TrainJob the chief reports its progress with Kubeflow's SDK; and MLflow's
+# client, for jobs submitted with --track. tf-keras declares the full
 # tensorflow wheel as a dependency: beside tensorflow-cpu it goes in without it.
 # The extras give Keras 3 (TensorFlow 2.21) only on Python 3.12+: keras3 on an
 # older Python would silently get TensorFlow 2.15 instead, hence the check.
@@ -48,14 +49,14 @@ RUN if [ "${STACK}" = keras3 ] \
            "2.21): add --build-arg PYTHON_VERSION=3.12 (or 3.13)" >&2; exit 2; \
     fi \
  && case "${STACK}-${DEVICE}" in \
-      estimator-cpu) pip install --no-cache-dir ".[cpu,kubeflow]" ;; \
-      estimator-gpu) pip install --no-cache-dir ".[gpu,kubeflow]" ;; \
-      keras-cpu) pip install --no-cache-dir ".[keras-cpu,kubeflow]" "tensorflow-cpu==2.21.*" \
+      estimator-cpu) pip install --no-cache-dir ".[cpu,kubeflow,mlflow-client]" ;; \
+      estimator-gpu) pip install --no-cache-dir ".[gpu,kubeflow,mlflow-client]" ;; \
+      keras-cpu) pip install --no-cache-dir ".[keras-cpu,kubeflow,mlflow-client]" "tensorflow-cpu==2.21.*" \
                  && pip install --no-cache-dir --no-deps "tf-keras==2.21.*" ;; \
-      keras-gpu) pip install --no-cache-dir ".[keras,kubeflow]" "tensorflow[and-cuda]==2.21.*" \
+      keras-gpu) pip install --no-cache-dir ".[keras,kubeflow,mlflow-client]" "tensorflow[and-cuda]==2.21.*" \
                  "tf-keras==2.21.*" ;; \
-      keras3-cpu) pip install --no-cache-dir ".[cpu,jax,kubeflow]" ;; \
-      keras3-gpu) pip install --no-cache-dir ".[cpu,kubeflow]" "jax[cuda12]>=0.4.34" ;; \
+      keras3-cpu) pip install --no-cache-dir ".[cpu,jax,kubeflow,mlflow-client]" ;; \
+      keras3-gpu) pip install --no-cache-dir ".[cpu,kubeflow,mlflow-client]" "jax[cuda12]>=0.4.34" ;; \
       *) echo "unknown STACK=${STACK} DEVICE=${DEVICE}: STACK is estimator, keras or" \
               "keras3, DEVICE is cpu or gpu" >&2; exit 2 ;; \
     esac \

@@ -74,6 +74,7 @@ setup(
     #   pip install -e '.[tune]'       Optuna for `tune` (samplers, pruners, shared studies)
     #   pip install -e '.[cloud]'      Vertex AI's SDK and types for `submit`
     #   pip install -e '.[kubeflow]'   Kubeflow Trainer v2 (TrainJob checks, progress reports)
+    #   pip install -e '.[mlflow]'     MLflow, for --track (runs, metrics, exports, registry)
     install_requires=["pyyaml"] + _job_requires(),
     extras_require={
         "cpu": _by_python(["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
@@ -98,6 +99,14 @@ setup(
         # chief (Python 3.10+); its API models check `submit --target trainjob`.
         "kubeflow": ['kubeflow>=0.5,<0.6; python_version >= "3.10"',
                      "kubeflow-trainer-api==2.3.*"],
+        # `--track`: MLflow (its client, server and `mlflow ui`); MLflow 3.2+
+        # needs Python 3.10+, and 3.1 is the last release for 3.9.
+        "mlflow": ['mlflow>=3.1,<4; python_version >= "3.10"',
+                   'mlflow==3.1.4; python_version < "3.10"'],
+        # The same client without the server and its data libraries: what a job
+        # image needs to track to a server (the Dockerfile installs it).
+        "mlflow-client": ['mlflow-skinny>=3.1,<4; python_version >= "3.10"',
+                          'mlflow-skinny==3.1.4; python_version < "3.10"'],
         # The benchmarks' PNG plots (python -m benchmarks, from a checkout), and
         # keras-tuner, the peer of the tuning table.
         "bench": ["matplotlib", "keras-tuner[bayesian]"],

@@ -36,6 +36,7 @@ from estimator_keras import engines, io
 from estimator_keras.distribute import launcher
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, UsageError
+from estimator_keras.tracking import settings as tracking_settings
 from experiments import commands, parsing, registry
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -117,6 +118,19 @@ def _flag_value(argv, flag):
     return None
 
 
+def _without_flag(argv, flag):
+    """``argv`` without ``flag`` and its value (an optional one, as --track's)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = i + 1 < len(argv) and not argv[i + 1].startswith("-")
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
+
+
 def _check_engine(args, command):
     # Refuse here, before any task starts, what every task would refuse on
     # its own: the engine's absence, or tasks the engine does not run.
@@ -182,7 +196,14 @@ def _prepare_missing_data(targs, config):
 def _network(args, command, env):
     """The launcher's network: 'auto' keeps the tasks on this machine's network
     when they need to reach remote paths."""
-    remote = [a.split("=", 1)[-1] for a in command if io.is_remote(a.split("=", 1)[-1])]
+    remote = []
+    # A tracking server, even on this machine's 127.0.0.1, is outside the
+    # tasks' namespace (a cluster's --track is resolved: see run()).
+    track = command[-1] if len(command) > 1 and command[-2] == "--track" else None
+    if track and tracking_settings.is_remote(track):
+        remote.append(f"the tracking server {tracking_settings.shown(track)}")
+    remote += [a.split("=", 1)[-1] for a in command[:-1 if track else None]
+               if io.is_remote(a.split("=", 1)[-1])]
     remote += [f"{k}={v}" for k, v in sorted(env.items())
                if k.startswith("AIP_") and io.is_remote(v)]
     if not remote:
@@ -238,6 +259,12 @@ def run(args, extra_argv=()):
                          f"{args.preemption_grace:g}.")
     command = _train_argv(args, extra_argv)
     grace, targs, config = _check_train_flags(args, command)
+    if targs is not None:
+        # Resolved here, so that the chief tracks where this command was told
+        # (its working directory, its MLFLOW_TRACKING_URI).
+        track = tracking_settings.resolve(targs.track)
+        if track:
+            command = _without_flag(command, "--track") + ["--track", track]
     _check_engine(args, command)
     env = _task_env()
     network = _network(args, command, env)

@@ -182,7 +182,8 @@ def cmd_train(args):
                          tensorboard_dir=tensorboard_dir, preemption_grace=args.preemption_grace,
                          flat_export=flat, hypertune_metric=args.hypertune_metric,
                          evaluations=evaluations.Recorder(args.evaluations_file,
-                                                          args.print_evaluations))
+                                                          args.print_evaluations),
+                         track=args.track, register=args.register)
     if result.metrics:
         print(f"final metrics: {format_metrics(result.metrics)} "
               f"({describe_evaluation(result.evaluated)})")

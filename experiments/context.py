@@ -18,8 +18,9 @@ from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
 from estimator_keras.engines import base, optimizers
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
-from estimator_keras.errors import DataError, SchemaError
+from estimator_keras.errors import ConfigError, DataError, SchemaError
 from estimator_keras.schema import feature_map
+from estimator_keras.tracking import settings as tracking_settings
 from experiments import config_files, data_info, datasets, prepare
 
 # How long a non-chief task waits for the chief to prepare the data.
@@ -184,6 +185,9 @@ class RunContext:
         :class:`experiments.evaluations.Recorder`; None: nowhere).
       changed: the model or data settings this run changes in a model dir
         with checkpoints (see :mod:`experiments.config_files`).
+      tracking_uri: where the chief records the run in MLflow (None: nowhere;
+        see :mod:`experiments.tracked`).
+      register: the MLflow registered model the final export becomes a version of.
     """
 
     experiment: object
@@ -211,15 +215,23 @@ class RunContext:
     hypertune_metric: str = None
     evaluations: object = None
     changed: list = dataclasses.field(default_factory=list)
+    tracking_uri: str = None
+    register: str = None
 
     @classmethod
     def build(cls, experiment, config, *, model_dir, data_dir, source_dir=None,
               strategy="auto", engine="auto", skip_corrupt=False, prepare_workers=1,
               export_dir=None, tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS,
-              flat_export=False, hypertune_metric=None, evaluations=None):
+              flat_export=False, hypertune_metric=None, evaluations=None, track=None,
+              register=None):
         # A TrainJob pod on the TensorFlow runtime gets its TF_CONFIG here,
         # before anything reads it.
         trainjob_pods.export_tf_config()
+        tracking_uri = tracking_settings.resolve(track)
+        if register and not tracking_uri:
+            raise ConfigError(f"--register {register} registers the export in MLflow's model "
+                              f"registry: give --track URI (or set "
+                              f"{tracking_settings.URI_VARIABLE}) too.")
         engine_name = engine_for(engine, model_dir)
         # A strategy the engine never runs is refused before choose_strategy
         # asks the cluster for what that strategy needs (ps tasks...).
@@ -284,7 +296,7 @@ class RunContext:
                    start_step=start_step, seed=seed, policy=policy, policy_reason=policy_reason,
                    preemption_grace=preemption_grace, data=data, flat_export=flat_export,
                    hypertune_metric=hypertune_metric, evaluations=evaluations,
-                   changed=changed)
+                   changed=changed, tracking_uri=tracking_uri, register=register)
 
     @property
     def group(self):

@@ -62,6 +62,7 @@ from estimator_keras.cloud import jaxjob, katib, packaging, submission, tfjob, t
 from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, JobSpec, check_job_engine,
                                         job_entry, keras_backends)
 from estimator_keras.errors import ConfigError, UsageError
+from estimator_keras.tracking import settings as tracking_settings
 from experiments import catalog, config_files, hparams, registry, submit_vertex, train_flags
 
 STRATEGIES = train_flags.STRATEGIES
@@ -222,10 +223,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _train_args(args) -> List[str]:
     """The job's ``train`` flags after those the JobSpec sets: every one of
     train's flags given to submit, and --verbose."""
-    out = train_flags.trial_argv(args, exclude=SPEC_FLAGS)
+    out = train_flags.trial_argv(args, exclude=SPEC_FLAGS + ("track",))
+    track = _job_tracking_uri(args)
+    if track:
+        out += ["--track", track]
     if getattr(args, "verbose", False):
         out.append("--verbose")
     return out
+
+
+def _job_tracking_uri(args) -> Optional[str]:
+    """--track resolved here (a bare --track takes this shell's
+    MLFLOW_TRACKING_URI); the job runs elsewhere, so it must be a server."""
+    track = tracking_settings.resolve(getattr(args, "track", None))
+    if track and not tracking_settings.is_remote(track):
+        raise ConfigError(
+            f"--track {track}: a {args.target} job runs on other machines, which cannot "
+            f"write to a tracking store on this one. Give the http(s):// address of a tracking "
+            f"server the job can reach (or databricks), or leave --track out.")
+    if getattr(args, "register", None) and not track:
+        raise ConfigError(f"--register {args.register} registers the job's export in MLflow: "
+                          f"give --track URI too.")
+    if getattr(args, "register", None) and getattr(args, "tune", None):
+        raise ConfigError(f"--register {args.register} with --tune would make every trial's "
+                          f"export a version of {args.register}: leave --register out, and "
+                          f"register the best trial's run afterwards (`tune --register` does so "
+                          f"for a local study).")
+    return track
 
 
 @contextlib.contextmanager

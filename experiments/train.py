@@ -31,7 +31,7 @@ from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, 
                                     ModelDirError, Preempted, TensorFlowError)
 from estimator_keras.modeldir import ModelDirLock
 from experiments import context as context_lib
-from experiments import config_files, data_info, datasets
+from experiments import config_files, data_info, datasets, tracked
 from experiments.context import RunContext, say
 
 
@@ -68,6 +68,8 @@ class Runner:
         self.best = None
         # The chief's reports into a Kubeflow TrainJob's status, where it has one.
         self.status = None
+        # The chief's record in MLflow, with --track.
+        self.tracking = None
 
     def run(self):
         roles = {"chief": self.chief, "worker": self.worker, "evaluator": self.evaluator,
@@ -103,22 +105,31 @@ class Runner:
                 # A candidate a run that died left behind.
                 self._export_best()
                 return self._already_trained(latest)
-            try:
-                result = self._train(is_chief=True)
-            except Preempted as e:
-                if ctx.evaluations:
-                    ctx.evaluations.stopped(e.step)
-                self._export_best()
-                raise
+            self.tracking = tracked.start(ctx, ctx.tracking_uri, ctx.register)
+            with self.tracking or contextlib.nullcontext():
+                metrics, export_dir = self._train_and_export()
+                if self.tracking is not None:
+                    self.tracking.finish(metrics, export_dir)
+        return metrics, export_dir
+
+    def _train_and_export(self):
+        ctx = self.ctx
+        try:
+            result = self._train(is_chief=True)
+        except Preempted as e:
+            if ctx.evaluations:
+                ctx.evaluations.stopped(e.step)
             self._export_best()
-            metrics = result.metrics
-            if metrics is None:
-                # In a cluster only the evaluator evaluates; the chief's
-                # summary needs the final numbers too.
-                metrics = ctx.engine.evaluate(self._plan(),
-                                              ctx.engine.require_checkpoint(ctx.model_dir))
-            export_dir = self._export(result.checkpoint, metrics)
-            self._report(metrics)
+            raise
+        self._export_best()
+        metrics = result.metrics
+        if metrics is None:
+            # In a cluster only the evaluator evaluates; the chief's
+            # summary needs the final numbers too.
+            metrics = ctx.engine.evaluate(self._plan(),
+                                          ctx.engine.require_checkpoint(ctx.model_dir))
+        export_dir = self._export(result.checkpoint, metrics)
+        self._report(metrics)
         return metrics, export_dir
 
     def worker(self):
@@ -189,14 +200,18 @@ class Runner:
             ctx.log_seed()
         return latest
 
-    def _on_progress(self, step, loss, seconds_left):
+    def _on_progress(self, step, loss, seconds_left, steps_per_sec=None):
         if self.status is not None:
             self.status.progress(step, loss, seconds_left)
+        if self.tracking is not None:
+            self.tracking.progress(step, loss, steps_per_sec)
 
     def _on_evaluation(self, checkpoint, metrics):
         ctx = self.ctx
         if self.status is not None:
             self.status.evaluation(metrics)
+        if self.tracking is not None:
+            self.tracking.evaluation(metrics)
         if ctx.evaluations:
             ctx.evaluations.record(metrics)
         if self.best is not None:
@@ -277,7 +292,7 @@ def export_metadata(config, engine, dataset_path, metrics):
 def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
           engine="auto", skip_corrupt=False, prepare_workers=1, export_dir=None,
           tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS, flat_export=False,
-          hypertune_metric=None, evaluations=None):
+          hypertune_metric=None, evaluations=None, track=None, register=None):
     """Runs the experiment: prepare data if missing, train and evaluate,
     export (chief only). Works locally and as any task of a TF_CONFIG cluster.
 
@@ -291,7 +306,10 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     the export in Vertex's layout; ``hypertune_metric`` reports that metric
     to Vertex's tuning service at the end; ``evaluations`` (an
     :class:`experiments.evaluations.Recorder`) records each evaluation as it
-    happens.
+    happens. ``track`` records the run in MLflow (a tracking URI; "": the
+    default, see :func:`estimator_keras.tracking.settings.resolve`; None:
+    ``EK_TRACKING_URI`` decides), and ``register`` names the registered
+    model its export becomes a version of (see :mod:`experiments.tracked`).
 
     Raises:
       Preempted: training stopped on a signal; rerunning resumes.
@@ -302,7 +320,8 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
                            skip_corrupt=skip_corrupt, prepare_workers=prepare_workers,
                            export_dir=export_dir, tensorboard_dir=tensorboard_dir,
                            preemption_grace=preemption_grace, flat_export=flat_export,
-                           hypertune_metric=hypertune_metric, evaluations=evaluations)
+                           hypertune_metric=hypertune_metric, evaluations=evaluations,
+                           track=track, register=register)
     metrics, exported = Runner(ctx).run()
     step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
     evaluated = None

@@ -82,6 +82,13 @@ def add_train_flags(parser, exclude=()):
     add("--print-evaluations", action="store_true",
         help="print each evaluation as name=value pairs on stdout (Katib's StdOut metrics "
              "collector reads them)")
+    add("--track", nargs="?", const="", default=None, metavar="URI",
+        help="record the run in MLflow (pip install -e '.[mlflow]'): a tracking server "
+             "http(s)://..., a local folder, or a file: or sqlite: URI; alone: "
+             "$MLFLOW_TRACKING_URI, else ./mlruns. $EK_TRACKING_URI does the same")
+    add("--register", metavar="NAME",
+        help="with --track: register the final export as a new version of MLflow's "
+             "registered model NAME")
     add("--preemption-grace", type=float, default=DEFAULT_GRACE_SECS, metavar="S",
         help="on SIGTERM or SIGINT, save the current step and exit 75 within S seconds "
              f"(default {DEFAULT_GRACE_SECS:g})")
@@ -110,8 +117,10 @@ def to_argv(actions, args):
         flag = next(s for s in action.option_strings if s.startswith("--"))
         if isinstance(action, argparse.BooleanOptionalAction):
             argv.append(flag if value else "--no-" + flag[2:])
-        elif action.nargs == 0 and value == action.const:
+        elif action.nargs in (0, "?") and value == action.const:
             argv.append(flag)
+        elif action.nargs == "?":
+            argv += [flag, str(value)]
         elif action.nargs is None and isinstance(value, list):
             for item in value:  # action="append"
                 argv += [flag, str(item)]

@@ -36,6 +36,7 @@ Example::
     print(result.best.trial, result.best.metric)
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -53,7 +54,8 @@ from estimator_keras.cloud import space as space_lib
 from estimator_keras.distribute import netns, trainjob_pods
 from estimator_keras.distribute.launcher import signal_group
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
-from experiments import evaluations, search, studies, tune_config, tune_plots
+from estimator_keras.tracking import settings as tracking_settings
+from experiments import evaluations, search, studies, tracked_study, tune_config, tune_plots
 from experiments.tune_config import StudyConfig
 from experiments.tune_table import (TRIALS_CSV, Trial, best_trial, copy_best, row, rows,
                                     trial_dir, write_table)
@@ -67,7 +69,8 @@ _POLL_S = 0.2
 # Variables that would send a trial somewhere else than its own model dir,
 # join it to a cluster, or have every trial report into one TrainJob's status.
 _DROPPED_ENV = ("TF_CONFIG", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR",
-                "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE", "KUBEFLOW_TRAINER_SERVER_URL"
+                "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE", "KUBEFLOW_TRAINER_SERVER_URL",
+                tracking_settings.PARENT_VARIABLE
                 ) + trainjob_pods.JAX_VARIABLES + trainjob_pods.TF_VARIABLES
 
 
@@ -92,7 +95,8 @@ def _trial_command(config: StudyConfig, number: int, params: Dict[str, object]) 
     folder = trial_dir(config.model_dir, number)
     return ([config.python, "-m", "experiments", "train", config.experiment,
              "--model-dir", folder, "--hparams", hparams,
-             "--evaluations-file", io.join(folder, EVALUATIONS)] + list(config.train_args))
+             "--evaluations-file", io.join(folder, EVALUATIONS)] + list(config.train_args)
+            + (["--track", config.track] if config.track else []))
 
 
 def _child_env() -> Dict[str, str]:
@@ -167,8 +171,9 @@ class _Running:
 class _Runner:
     """The scheduling loop; one per :func:`run_study` call."""
 
-    def __init__(self, config: StudyConfig, study, storage):
+    def __init__(self, config: StudyConfig, study, storage, tracking=None):
         self.config = config
+        self.tracking = tracking
         self.study = study
         self.storage = storage
         self.heartbeat = studies.heartbeat_enabled(storage)
@@ -242,7 +247,9 @@ class _Runner:
         log.write(("$ %s\n" % " ".join(command)).encode())
         log.flush()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=_child_env(),
+                                stdin=subprocess.DEVNULL,
+                                env={**_child_env(), **(self.tracking.trial_env()
+                                                        if self.tracking else {})},
                                 start_new_session=True, preexec_fn=self.preexec)
         reported = set(frozen.intermediate_values)
         tid = studies.trial_id(self.storage, self.study, trial.number)
@@ -335,6 +342,10 @@ class _Runner:
             say("trial %d was already marked failed by another worker of the study (no "
                 "heartbeat in time); its retry stands in for it" % number)
         self.save()
+        ended = row(self.study.trials[number], self.config.model_dir)
+        if self.tracking is not None and ended.finished:
+            self.tracking.trial_ended(ended, sum(1 for t in rows(self.study, self.config.model_dir)
+                                                 if t.finished))
 
     def _finish(self, number: int, run: "_Running", interrupted: bool) -> None:
         trial, code = run.trial, run.proc.returncode
@@ -498,7 +509,16 @@ def run_study(config: StudyConfig) -> StudyResult:
         say("study %r (%s): %d of %d trials finished" % (
             config.name, studies.describe(config.storage_url), finished,
             config.study.max_trials))
-    runner = _Runner(config, study, storage)
+    tracking = (tracked_study.StudyTracking(config, study, say) if config.track else None)
+    with tracking or contextlib.nullcontext():
+        result = _run(config, study, storage, tracking)
+        if tracking is not None:
+            tracking.finish(result.best)
+    return result
+
+
+def _run(config: StudyConfig, study, storage, tracking) -> StudyResult:
+    runner = _Runner(config, study, storage, tracking)
     runner.save()
     handlers = {}
     if threading.current_thread() is threading.main_thread():

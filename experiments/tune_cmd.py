@@ -21,6 +21,7 @@ from estimator_keras import io
 from estimator_keras.cloud import space as space_lib
 from estimator_keras.distribute.launcher import PREEMPTION_MARGIN
 from estimator_keras.errors import ConfigError
+from estimator_keras.tracking import settings as tracking_settings
 from experiments import (commands, datasets, hparams, search, studies, train_flags, tune,
                          tune_config, tune_table)
 from experiments.submit import positive_int
@@ -29,6 +30,8 @@ _DESCRIPTION = __doc__.split("\n\n", 1)[1]
 # train's destinations that tune sets itself: the experiment, each trial's
 # model dir (DIR/trial-N) and --hparams (tune's fixed ones and the space's).
 PER_TRIAL = ("name", "model_dir", "hparams", "evaluations_file")
+# Flags tune takes for the study as a whole: each trial gets --track from it.
+STUDY_WIDE = ("track", "register")
 
 
 def _seconds(text):
@@ -102,7 +105,7 @@ def _train_args(args, data_dir):
     """Every trial's ``train`` flags: all those given to tune (the global
     ones too), with the data dir made absolute."""
     given = argparse.Namespace(**{**vars(args), "data_dir": data_dir})
-    out = train_flags.trial_argv(given, exclude=PER_TRIAL)
+    out = train_flags.trial_argv(given, exclude=PER_TRIAL + STUDY_WIDE)
     for module in getattr(args, "modules", None) or ():  # the same experiments in the trials
         out += ["--module", module]
     if getattr(args, "verbose", False):
@@ -138,6 +141,11 @@ def build_config(args):
     study = space_lib.Study(space, metric=metric, goal=goal, max_trials=trials,
                             parallel_trials=args.parallel)
     data_dir = os.path.abspath(commands.data_dir(args))
+    track = tracking_settings.resolve(args.track)
+    if args.register and not track:
+        raise ConfigError("tune: --register %s registers the best trial's export in MLflow: "
+                          "give --track URI (or set %s) too."
+                          % (args.register, tracking_settings.URI_VARIABLE))
     prepare = None
     if datasets.find(config.data.dataset, data_dir)[1]:  # registered, not prepared yet
         prepare = [sys.executable, "-m", "experiments", "prepare", config.data.dataset,
@@ -153,7 +161,7 @@ def build_config(args):
         first_eval_step=min(config.train.eval_every_steps, config.train.max_steps),
         plots=args.plots, trial_timeout_s=args.trial_timeout,
         grace_s=args.preemption_grace + PREEMPTION_MARGIN, retry_failed=args.retry_failed,
-        prepare_command=prepare)
+        prepare_command=prepare, track=track, register=args.register)
 
 
 def format_table(result):

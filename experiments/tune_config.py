@@ -52,6 +52,10 @@ class StudyConfig:
         experiments prepare ...``): parallel trials must not each prepare
         the same missing dataset.
       python: the interpreter that runs the trials.
+      track: the MLflow tracking URI the study and its trials are recorded
+        at (None: not recorded; see :mod:`experiments.tracked_study`).
+      register: the MLflow registered model the best trial's export becomes
+        a version of.
     """
 
     experiment: str
@@ -73,6 +77,8 @@ class StudyConfig:
     plots: bool = True
     prepare_command: Optional[List[str]] = None
     python: str = sys.executable
+    track: Optional[str] = None
+    register: Optional[str] = None
 
     @property
     def storage_url(self) -> str:

@@ -108,7 +108,7 @@ ENVIRONMENTS = {
             "test_preemption.py", "test_preemption_tasks.py", "test_reliability.py",
             "test_built_once.py", "test_builders_keras3.py", "test_tune_engines.py",
             "test_trainjob_status.py",
-            "test_trainjob.py",
+            "test_trainjob.py", "test_tracking.py",
         ),
         engines=("keras",),
         backends=("jax",),
@@ -145,8 +145,9 @@ ENVIRONMENTS = {
             "test_three_pods_given_a_trainjobs_environment_train_as_one_cluster[[]keras3[]]")},
     ),
     "py313": Environment(
-        "Python 3.13 with '.[cpu]' and the test tools only, as the Quickstart installs it: "
-        "TensorFlow 2.21 and Keras 3, the keras3 engine on TensorFlow, the data layer",
+        "Python 3.13 with '.[cpu]' and the test tools, as the Quickstart installs it (and "
+        "MLflow, for the tracking page): TensorFlow 2.21 and Keras 3, the keras3 engine on "
+        "TensorFlow, the data layer",
         modules=(
             # The Quickstart's path: every engine-facing guarantee, example and
             # command on the keras3 engine, and the data layer on TensorFlow 2.21.

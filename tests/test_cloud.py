@@ -830,18 +830,19 @@ def test_dockerfile_installs_the_readme_extras_per_build_arg(tmp_path):
         return proc.returncode, lines, proc.stderr
 
     expected = {
-        ("estimator", "cpu"): ['pip install --no-cache-dir .[cpu,kubeflow]'],
-        ("estimator", "gpu"): ['pip install --no-cache-dir .[gpu,kubeflow]'],
-        ("keras", "cpu"): ['pip install --no-cache-dir .[keras-cpu,kubeflow] '
+        ("estimator", "cpu"): ['pip install --no-cache-dir .[cpu,kubeflow,mlflow-client]'],
+        ("estimator", "gpu"): ['pip install --no-cache-dir .[gpu,kubeflow,mlflow-client]'],
+        ("keras", "cpu"): ['pip install --no-cache-dir .[keras-cpu,kubeflow,mlflow-client] '
                            'tensorflow-cpu==2.21.*',
                            'pip install --no-cache-dir --no-deps tf-keras==2.21.*'],
-        ("keras", "gpu"): ['pip install --no-cache-dir .[keras,kubeflow] '
+        ("keras", "gpu"): ['pip install --no-cache-dir .[keras,kubeflow,mlflow-client] '
                            'tensorflow[and-cuda]==2.21.* '
                            'tf-keras==2.21.*'],
         # Keras 3 + JAX: the Python check first (the extras give Keras 3 on 3.12+ only).
-        ("keras3", "cpu"): [KERAS3_PYTHON_CHECK, 'pip install --no-cache-dir .[cpu,jax,kubeflow]'],
+        ("keras3", "cpu"): [KERAS3_PYTHON_CHECK,
+                            'pip install --no-cache-dir .[cpu,jax,kubeflow,mlflow-client]'],
         ("keras3", "gpu"): [KERAS3_PYTHON_CHECK,
-                            'pip install --no-cache-dir .[cpu,kubeflow] jax[cuda12]>=0.4.34'],
+                            'pip install --no-cache-dir .[cpu,kubeflow,mlflow-client] jax[cuda12]>=0.4.34'],
     }
     for (stack, device), pip_calls in expected.items():
         rc, lines, err = run(stack, device)

@@ -594,6 +594,9 @@ def test_the_pages_examples_run(page, tmp_path):
             importlib.util.find_spec("optuna") is None:
         pytest.skip("the page runs `tune`, which needs the tune extra (Optuna); the "
                     "Quickstart does not install it")
+    if any("--track" in args for args in _page_commands(page)) and \
+            importlib.util.find_spec("mlflow") is None:
+        pytest.skip("the page tracks runs with --track, which needs the mlflow extra")
     project, env = _project(tmp_path)
     engine = docs_engine()
     last, compared = None, []

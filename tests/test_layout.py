@@ -29,7 +29,9 @@ TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
            "estimator_keras.cloud.space", "estimator_keras.cloud.hypertune",
            "estimator_keras.cloud.trainjob_status",
            "estimator_keras.cloud.trainjob", "estimator_keras.cloud.targets",
-           "estimator_keras.distribute.trainjob_pods",
+           "estimator_keras.distribute.trainjob_pods", "estimator_keras.tracking",
+           "estimator_keras.tracking.settings", "estimator_keras.tracking.mlflow_run",
+           "experiments.tracked", "experiments.tracked_study",
            "experiments", "experiments.cli", "experiments.commands", "experiments.registry",
            "experiments.catalog", "experiments.config", "experiments.config_files",
            "experiments.data_info", "experiments.hparams", "experiments.datasets",
@@ -39,13 +41,14 @@ MAX_LINES = 600
 
 
 def test_light_modules_do_not_import_tensorflow():
+    # Nor MLflow: a tracked run imports it on its sender's thread only.
     code = ("import importlib, sys\n"
             f"for name in {TF_FREE!r}:\n"
             "    importlib.import_module(name)\n"
             "from experiments import catalog\n"
             "catalog.load()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('tensorflow', 'keras', 'tf_keras')))\n")
+            "('tensorflow', 'keras', 'tf_keras', 'mlflow')))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

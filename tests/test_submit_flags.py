@@ -15,7 +15,8 @@ VERTEX = ["--project", "my-project-123", "--region", "us-central1", "--job-dir",
 # flag gets one made from its kind (_sample).
 KNOWN = {"--data-dir": "gs://my-bucket/data", "--config": "gs://my-bucket/config/c.yaml",
          "--strategy": "mirrored", "--engine": "keras", "--hparams": "units=64",
-         "--hypertune-metric": "accuracy", "--dataset": "fashion_mnist"}
+         "--hypertune-metric": "accuracy", "--dataset": "fashion_mnist",
+         "--track": "https://mlflow.example.com:5000", "--register": "fashion"}
 
 
 def _subcommand_parser(command):
@@ -54,6 +55,8 @@ def test_every_train_flag_is_accepted_by_submit_and_reaches_the_job(capsys, tmp_
         if not action.option_strings or "--help" in action.option_strings:
             continue
         flag, value = sample_flag_value(action, known)
+        if flag == "--register":  # registers what --track records
+            value += ["--track", known["--track"]]
         if flag == "--model-dir":  # --job-dir says where the job writes
             assert cli.main(["submit", "fashion_mnist_cnn", *VERTEX, flag, "gs://b/m",
                              "--dry-run"]) == 2

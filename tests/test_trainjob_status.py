@@ -129,13 +129,18 @@ def test_the_progress_meter_hands_each_progress_line_to_on_progress():
     for step in range(1, 46):
         meter.update(step, loss=1.0 / step, now=step * 0.5)
     assert [c[0] for c in calls] == [10, 20, 30, 40] and len(lines) == 4
-    step, loss, left = calls[-1]
-    # 39 steps in 19.5 s since step 1: 60 steps more take 30 s.
+    step, loss, left, rate = calls[-1]
+    # 39 steps in 19.5 s since step 1: 60 steps more take 30 s; 10 steps in
+    # 5 s since the line before.
     assert loss == pytest.approx(1 / 40) and left == pytest.approx(30.0)
+    assert rate == pytest.approx(2.0)
     assert lines[-1].endswith("30 s left")
+    # The summary at the end: the rest of the steps, none left to go.
+    meter.finish(45)
+    assert calls[-1][0] == 45 and calls[-1][2] == 0.0 and calls[-1][3] == pytest.approx(2.0)
     hooks = base.TrainingHooks(on_progress=lambda *args: calls.append(args))
     hooks.on_progress(50, 0.5, 12.0)
-    assert calls[-1] == (50, 0.5, 12.0)
+    assert calls[-1] == (50, 0.5, 12.0, None)
     base.TrainingHooks().on_progress(50, 0.5, 12.0)  # nothing to call: nothing happens
 
 

@@ -737,7 +737,8 @@ def _sample_values(tmp_path, tiny_dataset):
             "--data-dir": str(tmp_path / "data"), "--hypertune-metric": "accuracy",
             "--model-dir": str(tmp_path / "model"), "--hparams": "units=64",
             # Runs on TensorFlow 2.15 and with tf-keras alike (keras3 does not).
-            "--engine": "keras"}
+            "--engine": "keras", "--track": f"sqlite:///{tmp_path}/mlflow.db",
+            "--register": "fashion"}
 
 
 def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, tiny_dataset):
@@ -753,6 +754,8 @@ def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, t
         if not action.option_strings or "--help" in action.option_strings:
             continue
         flag, value = sample_flag_value(action, known)
+        if flag == "--register":  # registers what --track records
+            value += ["--track", known["--track"]]
         given = _dispatched(["train", "fashion_mnist_mlp", flag, *value])
         dest = "modules" if flag == "--module" else action.dest
         assert getattr(given, dest) != getattr(baseline, dest), (flag, "sample is the default")
@@ -773,6 +776,9 @@ def test_every_train_flag_is_accepted_by_tune_and_reaches_each_trial(tmp_path, t
                     str(study), "trial-%d" % number, "evaluations.jsonl")
             elif flag == "--hparams":  # fixed for every trial, then the space's values
                 assert received.hparams.startswith(value[0] + ",learning_rate=")
+            elif flag == "--register":  # the study registers its best trial's export
+                assert received.register is None and config.register == value[0]
+                assert received.track == known["--track"]
             else:
                 assert getattr(received, dest) == getattr(given, dest), (flag, command)
         checked.append(flag)

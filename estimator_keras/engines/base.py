@@ -85,11 +85,12 @@ class TrainingHooks:
     def log(self, message):
         (self._log or logger.info)(message)
 
-    def on_progress(self, step, loss, seconds_left):
-        """With each progress line: the global step, the training loss (None
-        when unknown) and the estimated seconds left (None when unknown)."""
+    def on_progress(self, step, loss, seconds_left, steps_per_sec=None):
+        """With each progress line and the summary at the end: the global
+        step, the training loss, the estimated seconds left and the steps/s
+        since the previous line (each None when unknown)."""
         if self._on_progress is not None:
-            self._on_progress(step, loss, seconds_left)
+            self._on_progress(step, loss, seconds_left, steps_per_sec)
 
     def on_evaluation(self, checkpoint, metrics):
         """After an evaluation of ``checkpoint``; ``metrics`` holds the eval
@@ -388,10 +389,9 @@ def scratch_dir(model_dir, task_id):
 def progress_line(head, since, until, loss=None, batch_size=None, replicas=1):
     """"HEAD, loss L, R steps/s, E examples/s" between two (step, seconds)
     points, or None when no step was taken."""
-    steps, secs = until[0] - since[0], max(until[1] - since[1], 1e-9)
-    if steps <= 0:
+    rate = steps_per_sec(since, until)
+    if rate is None:
         return None
-    rate = steps / secs
     parts = [head]
     if loss is not None:
         parts.append(f"loss {float(loss):.4f}")
@@ -399,6 +399,12 @@ def progress_line(head, since, until, loss=None, batch_size=None, replicas=1):
     if batch_size:
         parts.append(f"{rate * batch_size * replicas:,.0f} examples/s")
     return ", ".join(parts)
+
+
+def steps_per_sec(since, until):
+    """The rate between two (step, seconds) points; None when no step was taken."""
+    steps, secs = until[0] - since[0], max(until[1] - since[1], 1e-9)
+    return steps / secs if steps > 0 else None
 
 
 def duration(seconds):
@@ -417,7 +423,8 @@ class ProgressMeter:
     """Turns (step, loss) reports into progress lines every ``every_steps``
     steps (``step N/M``, loss, rates and the estimated time left, from the
     average rate so far), and a summary at the end; every engine feeds it.
-    With each line it calls ``on_progress(step, loss, seconds_left)``."""
+    With each line, and at the end, it calls ``on_progress(step, loss,
+    seconds_left, steps_per_sec)``."""
 
     def __init__(self, every_steps, batch_size=None, replicas=1, log=None, max_steps=None,
                  on_progress=None):
@@ -451,7 +458,7 @@ class ProgressMeter:
             if line:
                 self.log(line)
                 if self.on_progress is not None:
-                    self.on_progress(step, self.loss, left)
+                    self.on_progress(step, self.loss, left, steps_per_sec(self.last, self.end))
             self.last = self.end
 
     def finish(self, final_step, now=None):
@@ -463,3 +470,6 @@ class ProgressMeter:
                              self.loss, self.batch_size, self.replicas)
         if line:
             self.log(line.replace(":, ", ": ", 1) + " on average")
+        rate = steps_per_sec(self.last, (final_step, now))
+        if rate is not None and self.on_progress is not None:
+            self.on_progress(final_step, self.loss, 0.0, rate)

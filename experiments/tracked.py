@@ -1,0 +1,254 @@
+"""What a ``train`` run records in MLflow (``--track``), written by its chief alone.
+
+A run's record (see :class:`TrainTracking`):
+
+* parameters: every field of the resolved config (``data.``, ``train.``,
+  ``model.`` as ``show`` prints them), the engine, backend, precision,
+  strategy, replicas and training tasks, the dataset's name, its examples per
+  split and a digest of its schema;
+* metrics: ``loss`` and ``steps_per_sec`` at each progress line,
+  ``eval_NAME`` at each evaluation, by global step;
+* tags: the package's version, the git commit of a checkout, the TensorFlow,
+  Keras, tf-keras and JAX versions, the command line, the model dir and the
+  TensorBoard log dir;
+* artifacts: the export (with its ``export.json``) under ``export/``, or its
+  location as the ``export_uri`` tag when it is remote; the resolved config as
+  ``config.yaml``;
+* the end: FINISHED, KILLED with ``stopped_at_step`` after a preemption (exit
+  75), FAILED after an error; ``--register NAME`` makes the export a version
+  of the registered model NAME.
+
+The run's id is kept in ``MODEL_DIR/mlflow-run.json``: a resumed training
+(after exit 75, a crash or a SIGKILL) continues the same run, and a model dir
+already at ``--max-steps`` records nothing new.
+"""
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import estimator_keras
+from estimator_keras import io, manifest
+from estimator_keras.errors import Preempted
+from estimator_keras.tracking import mlflow_run, settings
+
+RUN_FILE = "mlflow-run.json"
+"""In the model dir: the tracking URI and the id of the run that records it."""
+EXPORT_ARTIFACTS = "export"
+CONFIG_ARTIFACT = "config.yaml"
+EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
+# Distributions whose versions a run's tags name.
+VERSIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu"),
+            "keras": ("keras",), "tf_keras": ("tf-keras",), "jax": ("jax",)}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_run_file(model_dir):
+    """``{"tracking_uri", "run_id", ...}`` of a model dir, or {}."""
+    path = io.join(model_dir, RUN_FILE)
+    try:
+        found = json.loads(io.read_text(path))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def write_run_file(model_dir, uri, run_id, **extra):
+    io.atomic_write(io.join(model_dir, RUN_FILE),
+                    json.dumps({"tracking_uri": uri, "run_id": run_id, **extra}, indent=1) + "\n")
+
+
+def flat_params(obj, prefix=""):
+    """A nested dict as ``{"a.b": value}``; lists and None written as JSON."""
+    out = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_params(value, name + "."))
+        else:
+            out[name] = value if isinstance(value, (str, int, float, bool)) else json.dumps(value)
+    return out
+
+
+def schema_digest(found_manifest):
+    """The first 16 hex digits of the SHA-256 of the dataset's schema (as JSON)."""
+    schema = found_manifest.to_json()["schema"]
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def versions(engine=None, backend=None):
+    """Tags ``version.NAME``: the installed TensorFlow and Keras, and tf-keras
+    (the keras engine's) and JAX (the jax backend's) where the run uses them;
+    all four when ``engine`` is None."""
+    wanted = {"tensorflow", "keras"}
+    if engine in (None, "keras"):
+        wanted.add("tf_keras")
+    if engine is None or backend == "jax":
+        wanted.add("jax")
+    out = {}
+    for tag, names in VERSIONS.items():
+        for name in names if tag in wanted else ():
+            try:
+                out[f"version.{tag}"] = importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def git_commit(root=ROOT):
+    """The checkout's commit (with "-dirty" when files changed), or None
+    outside a git checkout."""
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=False)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def base_tags(argv=None):
+    """What every run of this package is tagged with (the versions are the
+    training's: see :func:`versions`)."""
+    tags = {"estimator_keras.version": estimator_keras.__version__,
+            "command": shlex.join(["python", "-m", "experiments"]
+                                  + list(sys.argv[1:] if argv is None else argv)),
+            "mlflow.source.name": "python -m experiments", "mlflow.source.type": "LOCAL"}
+    commit = git_commit()
+    if commit:
+        tags["git_commit"] = commit
+        tags["mlflow.source.git.commit"] = commit.replace("-dirty", "")
+    return tags
+
+
+def start(ctx, uri, register=None):
+    """A :class:`TrainTracking` for the chief of ``ctx`` (a RunContext), or
+    None when tracking is off or the model dir is already trained."""
+    if not uri or ctx.start_step >= ctx.config.train.max_steps:
+        return None
+    return TrainTracking(ctx, uri, register)
+
+
+class TrainTracking:
+    """A ``train`` run's record in MLflow; a context manager around the
+    training: a Preempted ends the run KILLED, any other error FAILED."""
+
+    def __init__(self, ctx, uri, register=None, run_factory=mlflow_run.MlflowRun):
+        self.ctx, self.uri, self.register = ctx, uri, register
+        self._finished = False
+        # The final metrics repeat the last evaluation's where it was of the
+        # final checkpoint: recorded once.
+        self._evaluated_at = None
+        known = read_run_file(ctx.model_dir)
+        resume = known.get("run_id") if known.get("tracking_uri") == uri else None
+        parent = os.environ.get(settings.PARENT_VARIABLE) or None
+        experiment = os.environ.get(EXPERIMENT_VARIABLE) or ctx.config.name
+        self.run = run_factory(
+            uri, experiment=experiment, run_name=io.basename(ctx.model_dir.rstrip("/")),
+            run_id=resume, parent_run_id=parent, on_started=self._started, log=ctx.log)
+        verb = "continues in" if resume else "is recorded in"
+        ctx.log(f"this run {verb} MLflow at {settings.shown(uri)} (experiment {experiment!r})")
+        # pylint: disable-next=import-outside-toplevel  (loads Keras' backend facts)
+        from estimator_keras import engines
+        self._backend = engines.backend_devices(ctx.engine.name)
+        self.run.tags({**base_tags(), **versions(ctx.engine.name, self._backend[0]),
+                       **self._tags()})
+        self.run.params(self._params())
+
+    def _started(self, run_id):
+        write_run_file(self.ctx.model_dir, self.uri, run_id)
+
+    def _tags(self):
+        ctx = self.ctx
+        tags = {"model_dir": ctx.model_dir, "tensorboard_dir": ctx.tensorboard_dir or ctx.model_dir,
+                "dataset_path": str(ctx.dataset_path)}
+        if ctx.start_step:
+            tags[f"resumed_at_step.{ctx.start_step}"] = time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                      time.gmtime())
+        return tags
+
+    def _params(self):
+        ctx = self.ctx
+        backend, platform, devices = self._backend
+        found = manifest.load_manifest(ctx.dataset_path)
+        params = flat_params(dataclasses.asdict(ctx.config))
+        params.update({
+            "engine": ctx.engine.name, "backend": backend, "devices": f"{devices} {platform}",
+            "precision": ctx.policy or "float32", "strategy": ctx.strategy_name,
+            "replicas": ctx.replicas, "training_tasks": ctx.info.num_workers,
+            "dataset.name": found.name or ctx.config.data.dataset,
+            "dataset.schema_digest": schema_digest(found),
+            **{f"dataset.examples.{split}": info.num_examples
+               for split, info in sorted(found.splits.items())},
+        })
+        return params
+
+    # -- while training
+
+    def progress(self, step, loss, steps_per_sec=None):
+        """A progress line's training loss and steps/s (since the line before)."""
+        values = {"loss": loss, "steps_per_sec": steps_per_sec}
+        self.run.metrics({k: v for k, v in values.items() if v is not None}, step)
+
+    def evaluation(self, metrics):
+        step = metrics.get("global_step")
+        if step is not None and int(step) != self._evaluated_at:
+            self._evaluated_at = int(step)
+            self.run.metrics({f"eval_{k}": v for k, v in metrics.items()
+                              if k != "global_step"}, int(step))
+
+    # -- the end
+
+    def finish(self, metrics, export_dir):
+        """Records the final evaluation and the export, registers it when
+        asked, and ends the run FINISHED."""
+        if metrics:
+            self.evaluation(metrics)
+        config_path = io.join(self.ctx.model_dir, CONFIG_ARTIFACT)
+        if io.exists(config_path) and not io.is_remote(config_path):
+            self.run.artifacts(config_path, None, folder=False)
+        if export_dir and io.is_remote(export_dir):
+            self.run.tags({"export_uri": export_dir})
+        elif export_dir:
+            self.run.artifacts(export_dir, EXPORT_ARTIFACTS)
+            if self.register:
+                self.run.register(self.register, EXPORT_ARTIFACTS, on_done=self._registered)
+        self.run.tags({"export_dir": export_dir or ""})
+        self._end("FINISHED")
+
+    def _registered(self, version):
+        self.ctx.log(f"registered the export in MLflow as {self.register!r} version {version}")
+
+    def _end(self, status, timeout=mlflow_run.FINISH_WAIT_SECS):
+        if not self._finished:
+            self._finished = True
+            self.run.finish(status, timeout=timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if isinstance(error, Preempted):
+            if error.step is not None:
+                self.run.tags({"stopped_at_step": error.step})
+            # The grace period is running: wait briefly.
+            self._end("KILLED", timeout=5.0)
+        elif error is not None:
+            self.run.tags({"error": f"{type(error).__name__}: {error}"})
+            self._end("FAILED", timeout=10.0)
+        else:
+            self._end("FINISHED")
+        return False
