@@ -142,13 +142,44 @@ def start(ctx, uri, register=None):
     return TrainTracking(ctx, uri, register)
 
 
-class TrainTracking:
-    """A ``train`` run's record in MLflow; a context manager around the
-    training: a Preempted ends the run KILLED, any other error FAILED."""
+class RunRecord:
+    """A record kept through ``self.run`` (an MlflowRun) that ends once. As a
+    context manager around the work: a Preempted ends the run KILLED (with
+    the tag ``stopped_at_step``), any other error FAILED (with ``error``),
+    else FINISHED."""
+
+    run = None
+    _finished = False
+    # A preemption's grace period is running: wait briefly for the records.
+    STOPPED_WAIT_SECS = 5.0
+    FAILED_WAIT_SECS = 10.0
+
+    def _end(self, status, timeout=mlflow_run.FINISH_WAIT_SECS):
+        if not self._finished:
+            self._finished = True
+            self.run.finish(status, timeout=timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if isinstance(error, Preempted):
+            if getattr(error, "step", None) is not None:
+                self.run.tags({"stopped_at_step": error.step})
+            self._end("KILLED", timeout=self.STOPPED_WAIT_SECS)
+        elif error is not None:
+            self.run.tags({"error": f"{type(error).__name__}: {error}"})
+            self._end("FAILED", timeout=self.FAILED_WAIT_SECS)
+        else:
+            self._end("FINISHED")
+        return False
+
+
+class TrainTracking(RunRecord):
+    """A ``train`` run's record in MLflow (see :class:`RunRecord`)."""
 
     def __init__(self, ctx, uri, register=None, run_factory=mlflow_run.MlflowRun):
         self.ctx, self.uri, self.register = ctx, uri, register
-        self._finished = False
         # The final metrics repeat the last evaluation's where it was of the
         # final checkpoint: recorded once.
         self._evaluated_at = None
@@ -231,24 +262,3 @@ class TrainTracking:
 
     def _registered(self, version):
         self.ctx.log(f"registered the export in MLflow as {self.register!r} version {version}")
-
-    def _end(self, status, timeout=mlflow_run.FINISH_WAIT_SECS):
-        if not self._finished:
-            self._finished = True
-            self.run.finish(status, timeout=timeout)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, trace):
-        if isinstance(error, Preempted):
-            if error.step is not None:
-                self.run.tags({"stopped_at_step": error.step})
-            # The grace period is running: wait briefly.
-            self._end("KILLED", timeout=5.0)
-        elif error is not None:
-            self.run.tags({"error": f"{type(error).__name__}: {error}"})
-            self._end("FAILED", timeout=10.0)
-        else:
-            self._end("FINISHED")
-        return False

@@ -30,15 +30,13 @@ START_WAIT_SECS = 15.0
 trials nest under it); past that they run unnested, and training goes on."""
 
 
-class StudyTracking:
-    """The study's run; a context manager around the study: a Preempted ends
-    it KILLED, any other error FAILED."""
+class StudyTracking(tracked.RunRecord):
+    """The study's run (see :class:`experiments.tracked.RunRecord`)."""
 
     def __init__(self, config, study, log, run_factory=mlflow_run.MlflowRun):
         self.config, self.study, self.log = config, study, log
         self.uri = config.track
         self._best_so_far = None
-        self._finished = False
         known = tracked.read_run_file(config.model_dir)
         attrs = study.user_attrs
         resume = None
@@ -114,20 +112,3 @@ class StudyTracking:
     def _child(self, row):
         known = tracked.read_run_file(row.model_dir) if row.model_dir else {}
         return known.get("run_id") if known.get("tracking_uri") == self.uri else None
-
-    def _end(self, status, timeout=mlflow_run.FINISH_WAIT_SECS):
-        if not self._finished:
-            self._finished = True
-            self.run.finish(status, timeout=timeout)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, trace):
-        if error is not None:
-            # pylint: disable-next=import-outside-toplevel
-            from estimator_keras.errors import Preempted
-            self._end("KILLED" if isinstance(error, Preempted) else "FAILED", timeout=10.0)
-        else:
-            self._end("FINISHED")
-        return False

@@ -20,7 +20,7 @@ from estimator_keras.errors import ConfigError, UsageError
 from estimator_keras.tracking import mlflow_run, settings
 from experiments import cluster_cmd, submit, train_flags
 from mlflow_server import MlflowServer, free_port
-from support import ROOT, child_env
+from support import ROOT, child_env, kill_group
 import keras_envs
 
 pytest.importorskip("mlflow")
@@ -354,14 +354,6 @@ def _wait_for(predicate, proc, timeout):
     return predicate()
 
 
-def _stop(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
-
-
 @pytest.mark.slow
 def test_a_preempted_and_resumed_run_stays_one_run(server, fashion_data, tmp_path):
     model_dir = str(tmp_path / "preempted")
@@ -377,7 +369,7 @@ def test_a_preempted_and_resumed_run_stays_one_run(server, fashion_data, tmp_pat
             os.killpg(proc.pid, signal.SIGTERM)
             assert proc.wait(timeout=120) == 75, (tmp_path / "first.log").read_text()[-3000:]
         finally:
-            _stop(proc)
+            kill_group(proc)
     run_id = _run_id(model_dir)
     client = server.client()
     stopped = client.get_run(run_id)
@@ -389,7 +381,7 @@ def test_a_preempted_and_resumed_run_stays_one_run(server, fashion_data, tmp_pat
         try:
             assert proc.wait(timeout=400) == 0, (tmp_path / "second.log").read_text()[-3000:]
         finally:
-            _stop(proc)
+            kill_group(proc)
     assert "continues in MLflow" in (tmp_path / "second.log").read_text()
     assert _run_id(model_dir) == run_id
     assert [r.info.run_id for r in _runs(server) if r.data.tags.get("model_dir") == model_dir
@@ -467,7 +459,7 @@ def test_a_server_killed_mid_run_costs_one_warning_and_training_finishes(fashion
                 doomed.stop()
                 assert proc.wait(timeout=400) == 0, (tmp_path / "train.log").read_text()[-3000:]
             finally:
-                _stop(proc)
+                kill_group(proc)
     out = (tmp_path / "train.log").read_text()
     warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 1 and "tracking to http://127.0.0.1" in warnings[0], out[-3000:]

@@ -273,11 +273,17 @@ class MlflowRun:
         send. (None, None) when MLflow does not import."""
         try:
             # pylint: disable=import-outside-toplevel  (an optional package, on this thread)
+            import mlflow
             from mlflow import MlflowClient
             from mlflow import entities
         except ImportError as e:
             self._give_up(f"MLflow does not import ({e}); for it: {settings.INSTALL}")
             return None, None
+        if not mlflow.is_tracking_uri_set():
+            # MLflow 3.1 (the last for Python 3.9) uploads to a server's
+            # mlflow-artifacts: store through the process's tracking URI, not
+            # the client's: where the process has none, it is this run's.
+            mlflow.set_tracking_uri(self.uri)
         client = MlflowClient(tracking_uri=self.uri)
         failures = 0
         while True:
@@ -357,7 +363,7 @@ class MlflowRun:
         """A refused batch, sent again a record at a time: only what the
         store refuses itself is dropped (a resumed run's parameter whose value
         changed, say), with one line naming them all."""
-        if len(batch) == 1 or batch[0].kind not in BATCH_LIMITS:
+        if batch[0].kind not in BATCH_LIMITS:
             self._refusal(batch, error)
             return
         refused, reason = [], None
