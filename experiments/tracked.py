@@ -121,12 +121,17 @@ def git_commit(root=ROOT):
 
 
 def base_tags(argv=None):
-    """What every run of this package is tagged with (the versions are the
-    training's: see :func:`versions`)."""
-    tags = {"estimator_keras.version": estimator_keras.__version__,
-            "command": shlex.join(["python", "-m", "experiments"]
-                                  + list(sys.argv[1:] if argv is None else argv)),
-            "mlflow.source.name": "python -m experiments", "mlflow.source.type": "LOCAL"}
+    """What every run of this package is tagged with; ``argv`` (default
+    ``sys.argv``) is the command line. The versions are the training's:
+    see :func:`versions`."""
+    argv = list(sys.argv if argv is None else argv)
+    program = argv[0] if argv else ""
+    if os.path.basename(os.path.dirname(program)) == "experiments" or \
+            os.path.basename(program) == "estimator-keras":
+        program = "python -m experiments"  # the CLI, however it was started
+    command = " ".join([program] + [shlex.quote(a) for a in argv[1:]]).strip()
+    tags = {"estimator_keras.version": estimator_keras.__version__, "command": command,
+            "mlflow.source.name": program or "python", "mlflow.source.type": "LOCAL"}
     commit = git_commit()
     if commit:
         tags["git_commit"] = commit

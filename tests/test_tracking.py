@@ -3,8 +3,8 @@ backend, local artifact root, 127.0.0.1), read back with ``MlflowClient``.
 
 The trainings run the real CLI in child processes, each engine with its own
 interpreter (tests/keras_envs.py): estimator, keras, keras3 on TensorFlow and
-on JAX; a 2-task cluster, a SIGTERM'd and resumed run, a 4-trial study and a
-server killed mid-run."""
+on JAX; a cluster of a chief and 2 workers, a SIGTERM'd and resumed run, a
+4-trial study and a server killed mid-run."""
 
 import argparse
 import json
@@ -140,34 +140,58 @@ def test_register_without_track_is_refused_before_training(run_cli, tmp_path):
 
 
 def test_a_cloud_job_tracks_to_a_server_and_never_to_a_local_store(monkeypatch):
+    # pylint: disable=protected-access
     monkeypatch.delenv(settings.URI_VARIABLE, raising=False)
     args = argparse.Namespace(target="vertex", track="runs/mlflow.db", register=None)
     with pytest.raises(ConfigError, match="--track sqlite:///.*/runs/mlflow.db: a vertex job runs"):
-        submit._job_tracking_uri(args)  # pylint: disable=protected-access
+        submit._job_tracking_uri(args)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.com")
     args = argparse.Namespace(target="trainjob", track="", register="fm")
     # A bare --track takes this shell's server, written out for the job.
-    assert submit._job_tracking_uri(args) == "https://mlflow.example.com"  # pylint: disable=protected-access
+    assert submit._job_tracking_uri(args) == "https://mlflow.example.com"
     with pytest.raises(ConfigError, match="--register fm"):
-        submit._job_tracking_uri(argparse.Namespace(  # pylint: disable=protected-access
+        submit._job_tracking_uri(argparse.Namespace(
             target="vertex", track=None, register="fm"))
     with pytest.raises(ConfigError, match="--register fm with --tune"):
-        submit._job_tracking_uri(argparse.Namespace(  # pylint: disable=protected-access
+        submit._job_tracking_uri(argparse.Namespace(
             target="vertex", track="", register="fm", tune="space.yaml"))
 
 
 def test_a_cluster_that_tracks_to_a_server_uses_the_host_network(caplog):
+    # pylint: disable=protected-access
     command = ["py", "-m", "experiments", "train", MLP, "--track", "--max-steps", "5"]
-    command = cluster_cmd._without_flag(command, "--track") + ["--track", "http://127.0.0.1:5"]  # pylint: disable=protected-access
+    command = cluster_cmd._without_flag(command, "--track") + ["--track",
+                                                               "http://127.0.0.1:5"]
     assert command == ["py", "-m", "experiments", "train", MLP, "--max-steps", "5",
                        "--track", "http://127.0.0.1:5"]
     auto = argparse.Namespace(network="auto")
-    assert cluster_cmd._network(auto, command, {}) == "host"  # pylint: disable=protected-access
+    assert cluster_cmd._network(auto, command, {}) == "host"
     assert "the tracking server http://127.0.0.1:5" in caplog.text
     with pytest.raises(UsageError, match="tracking server"):
-        cluster_cmd._network(argparse.Namespace(network="private"), command, {})  # pylint: disable=protected-access
+        cluster_cmd._network(argparse.Namespace(network="private"), command, {})
     local = command[:-1] + ["/tmp/mlruns"]
-    assert cluster_cmd._network(auto, local, {}) == "auto"  # pylint: disable=protected-access
+    assert cluster_cmd._network(auto, local, {}) == "auto"
+
+
+def test_the_command_and_the_commit_tags(tmp_path):
+    # pylint: disable-next=import-outside-toplevel
+    from experiments import tracked
+    cli_tags = tracked.base_tags([os.path.join(ROOT, "experiments", "__main__.py"), "train",
+                                  MLP, "--hparams", "units=64,dropout=0.2 "])
+    assert cli_tags["command"] == (f"python -m experiments train {MLP} "
+                                   f"--hparams 'units=64,dropout=0.2 '")
+    assert tracked.base_tags(["fit.py", "--x"])["command"] == "fit.py --x"
+    assert tracked.git_commit(str(tmp_path)) is None  # not a checkout
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (tmp_path / "f.txt").write_text("a")
+    subprocess.run(git + ["add", "f.txt"], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert tracked.git_commit(str(tmp_path)) == head
+    (tmp_path / "f.txt").write_text("b")
+    assert tracked.git_commit(str(tmp_path)) == head + "-dirty"
 
 
 # ------------------------------------------------------------------ one run, by itself
@@ -317,7 +341,7 @@ def test_a_train_run_is_recorded_once_on_every_engine(pair, server, fashion_data
 def test_a_cluster_is_one_run_the_chiefs(server, fashion_data, tmp_path):
     python, env = keras_envs.interpreter("estimator")
     model_dir = str(tmp_path / "cluster")
-    proc = subprocess.run([python, "-m", "experiments", "cluster", MLP, "--workers", "1",
+    proc = subprocess.run([python, "-m", "experiments", "cluster", MLP, "--workers", "2",
                            "--model-dir", model_dir, "--quiet", "--timeout", "400", "--",
                            "--data-dir", fashion_data, "--max-steps", "40", "--eval-every", "20",
                            "--engine", "estimator", "--track", server.uri],
@@ -329,7 +353,7 @@ def test_a_cluster_is_one_run_the_chiefs(server, fashion_data, tmp_path):
     (run,) = runs
     assert run.info.status == "FINISHED"
     assert (run.data.params["strategy"], run.data.params["training_tasks"]) == (
-        "multi_worker_mirrored", "2")
+        "multi_worker_mirrored", "3")
     assert server.client().get_metric_history(run.info.run_id, "eval_accuracy")[-1].step == 40
 
 
