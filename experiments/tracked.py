@@ -43,9 +43,6 @@ RUN_FILE = "mlflow-run.json"
 EXPORT_ARTIFACTS = "export"
 CONFIG_ARTIFACT = "config.yaml"
 EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
-# Distributions whose versions a run's tags name.
-VERSIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu"),
-            "keras": ("keras",), "tf_keras": ("tf-keras",), "jax": ("jax",)}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -83,24 +80,23 @@ def schema_digest(found_manifest):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def versions(engine=None, backend=None):
-    """Tags ``version.NAME``: the installed TensorFlow and Keras, and tf-keras
-    (the keras engine's) and JAX (the jax backend's) where the run uses them;
-    all four when ``engine`` is None."""
-    wanted = {"tensorflow", "keras"}
-    if engine in (None, "keras"):
-        wanted.add("tf_keras")
-    if engine is None or backend == "jax":
-        wanted.add("jax")
-    out = {}
-    for tag, names in VERSIONS.items():
-        for name in names if tag in wanted else ():
-            try:
-                out[f"version.{tag}"] = importlib.metadata.version(name)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return out
+def _installed(*distributions):
+    """The version of the first of ``distributions`` installed, or None."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def versions():
+    """Tags ``version.NAME``: the installed TensorFlow, Keras, tf-keras and
+    JAX, those of them that are installed."""
+    found = {"version.tensorflow": _installed("tensorflow", "tensorflow-cpu", "tensorflow-gpu"),
+             "version.keras": _installed("keras"), "version.tf_keras": _installed("tf-keras"),
+             "version.jax": _installed("jax")}
+    return {tag: version for tag, version in found.items() if version}
 
 
 def git_commit(root=ROOT):
@@ -122,8 +118,7 @@ def git_commit(root=ROOT):
 
 def base_tags(argv=None):
     """What every run of this package is tagged with; ``argv`` (default
-    ``sys.argv``) is the command line. The versions are the training's:
-    see :func:`versions`."""
+    ``sys.argv``) is the command line."""
     argv = list(sys.argv if argv is None else argv)
     program = argv[0] if argv else ""
     if os.path.basename(os.path.dirname(program)) == "experiments" or \
@@ -200,8 +195,7 @@ class TrainTracking(RunRecord):
         # pylint: disable-next=import-outside-toplevel  (loads Keras' backend facts)
         from estimator_keras import engines
         self._backend = engines.backend_devices(ctx.engine.name)
-        self.run.tags({**base_tags(), **versions(ctx.engine.name, self._backend[0]),
-                       **self._tags()})
+        self.run.tags({**base_tags(), **versions(), **self._tags()})
         self.run.params(self._params())
 
     def _started(self, run_id):

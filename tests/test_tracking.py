@@ -313,8 +313,10 @@ def test_a_train_run_is_recorded_once_on_every_engine(pair, server, fashion_data
     assert params["dataset.examples.train"] == "3000" and len(params["dataset.schema_digest"]) == 16
     assert params["model.units"] and params["precision"]
     assert tags["estimator_keras.version"] and tags["version.tensorflow"]
-    assert ("version.jax" in tags) == (backend == "jax")
-    assert ("version.tf_keras" in tags) == (engine == "keras")
+    # What the interpreter has installed; what the run trains with among it.
+    assert ("version.jax" in tags or backend != "jax") and (
+        "version.tf_keras" in tags or engine != "keras")
+    assert engine != "keras3" or tags["version.keras"].startswith("3.")
     assert "--track" in tags["command"] and tags["model_dir"] == model_dir
     # An evaluation at each checkpoint, the loss and the rate of the run's end.
     evals = client.get_metric_history(run_id, "eval_accuracy")
