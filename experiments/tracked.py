@@ -25,7 +25,6 @@ already at ``--max-steps`` records nothing new.
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import os
 import shlex
@@ -35,6 +34,7 @@ import time
 
 import estimator_keras
 from estimator_keras import io, manifest
+from estimator_keras.engines import keras_setup
 from estimator_keras.errors import Preempted
 from estimator_keras.tracking import mlflow_run, settings
 
@@ -80,22 +80,13 @@ def schema_digest(found_manifest):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _installed(*distributions):
-    """The version of the first of ``distributions`` installed, or None."""
-    for name in distributions:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def versions():
     """Tags ``version.NAME``: the installed TensorFlow, Keras, tf-keras and
     JAX, those of them that are installed."""
-    found = {"version.tensorflow": _installed("tensorflow", "tensorflow-cpu", "tensorflow-gpu"),
-             "version.keras": _installed("keras"), "version.tf_keras": _installed("tf-keras"),
-             "version.jax": _installed("jax")}
+    found = {"version.tensorflow": keras_setup.tensorflow_installed_version(),
+             "version.keras": keras_setup.installed_version("keras"),
+             "version.tf_keras": keras_setup.installed_version("tf-keras"),
+             "version.jax": keras_setup.installed_version("jax")}
     return {tag: version for tag, version in found.items() if version}
 
 
