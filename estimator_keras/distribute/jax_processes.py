@@ -125,16 +125,11 @@ def _coordinator_host(text):
 
 
 def _from_jaxjob(environ):
-    found = [v for v in JAXJOB_VARIABLES if environ.get(v, "").strip()]
-    if not found:
-        return None
-    missing = [v for v in JAXJOB_VARIABLES if v not in found]
-    if missing:
-        raise ClusterConfigError(
+    if not trainjob_pods.all_or_none(
+            environ, JAXJOB_VARIABLES,
             f"a JAX process group needs all four of {', '.join(JAXJOB_VARIABLES)} (a Kubeflow "
-            f"JAXJob sets them in every pod); given {', '.join(found)}, missing "
-            f"{', '.join(missing)}. Set the missing ones, or unset them all to train in one "
-            f"process.")
+            f"JAXJob sets them in every pod)"):
+        return None
     host = _coordinator_host(environ["COORDINATOR_ADDRESS"])
     port = tf_config.whole_number("COORDINATOR_PORT", environ["COORDINATOR_PORT"], 1, 65535)
     count = tf_config.whole_number("NUM_PROCESSES", environ["NUM_PROCESSES"], 1)

@@ -54,7 +54,7 @@ def host(job, index):
     return f"{job}-{NODE}-0-{index}.{job}"
 
 
-def _all_or_none(environ, names, need):
+def all_or_none(environ, names, need):
     """True when every one of ``names`` is set, False when none is;
     ClusterConfigError for some: ``need`` says what needs them all, and why."""
     found = [v for v in names if str(environ.get(v, "")).strip()]
@@ -75,7 +75,7 @@ def jax_group(environ):
     Raises:
       ClusterConfigError: some set and others missing, or a bad value.
     """
-    if not _all_or_none(environ, JAX_VARIABLES,
+    if not all_or_none(environ, JAX_VARIABLES,
                         f"a JAX process group from Kubeflow Trainer needs all three of "
                         f"{', '.join(JAX_VARIABLES)} (its jax-distributed runtime sets them in "
                         f"every pod)"):
@@ -100,7 +100,7 @@ def tf_config(environ):
     Raises:
       ClusterConfigError: some set and others missing, or a bad value.
     """
-    if not _all_or_none(environ, TF_VARIABLES,
+    if not all_or_none(environ, TF_VARIABLES,
                         f"a TensorFlow cluster from a Kubeflow TrainJob needs all four of "
                         f"{', '.join(TF_VARIABLES)} (the runtime from `submit --target trainjob "
                         f"--print-runtime` sets the name, index and port, the TrainJob sets "
