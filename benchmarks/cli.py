@@ -46,6 +46,8 @@ TABLES = {
     "cadence": ("benchmarks.cadence_table", "keras"),
     "embedding": ("benchmarks.embedding_table", "estimator"),
     "recipe": ("benchmarks.recipe_table", "keras"),
+    # Exact resume's cost; the steady state and the skip on any TensorFlow.
+    "resume": ("benchmarks.resume_table", "any"),
     # Needs the tune and bench extras (Optuna, keras-tuner) in that interpreter.
     "tuning": ("benchmarks.tuning_table", "keras"),
 }

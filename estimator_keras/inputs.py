@@ -21,14 +21,14 @@ Example::
 import dataclasses
 import logging
 import math
-import os
 
 import numpy as np
 import tensorflow as tf
 
-from estimator_keras import io, records
+from estimator_keras import input_order, io, records
 from estimator_keras.errors import UsageError
 from estimator_keras.manifest import SHARD_RE
+from estimator_keras.memory import available_memory_mb
 from estimator_keras.schema import IMAGE_ENCODINGS, feature_map
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,6 @@ CACHE_MODES = (False, True, "auto")
 CACHE_SHUFFLES = ("auto", "batches", "records")
 # cache="auto" without cache_budget_mb: this share of the available memory.
 AUTO_CACHE_SHARE = 0.25
-# Where no operating-system figure is readable.
-FALLBACK_AVAILABLE_MB = 2048
 # tf.data's autotuned buffers (the final prefetch above all, which grows each
 # time training finds it empty and never shrinks) may hold this many served
 # batches, and at least AUTOTUNE_RAM_FLOOR_MB; TensorFlow's own budget is half
@@ -242,52 +240,6 @@ def example_bytes(schema, names, record_bytes=None):
     return total
 
 
-def _meminfo_mb(field):
-    try:
-        for line in io.read_text("/proc/meminfo").splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cgroup_room_mb():
-    """Memory left under this process's cgroup limit (containers), or None."""
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            text = io.read_text(limit).strip()
-            if text == "max" or int(text) >= 1 << 60:
-                return None
-            return (int(text) - int(io.read_text(usage).strip())) / 2.0 ** 20
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def available_memory_mb():
-    """``(MB, where the figure comes from)``: MemAvailable from /proc/meminfo,
-    lowered to the room left under a cgroup limit; elsewhere the operating
-    system's free pages, else half its physical memory, else a fixed guess."""
-    found, source = _meminfo_mb("MemAvailable"), "MemAvailable"
-    room = _cgroup_room_mb()
-    if room is not None and (found is None or room < found):
-        found, source = room, "cgroup limit"
-    if found is None:
-        try:
-            found = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 20
-            source = "free physical pages"
-        except (AttributeError, ValueError, OSError):
-            try:
-                found = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 21
-                source = "half the physical memory"
-            except (AttributeError, ValueError, OSError):
-                found, source = FALLBACK_AVAILABLE_MB, "no memory figure readable: a guess"
-    return max(0.0, found), source
-
-
 def _split_of(resolved):
     """The split a manifest's shard names say these files hold, or None."""
     match = SHARD_RE.match(io.basename(resolved.files[0])) if resolved.files else None
@@ -363,7 +315,8 @@ def _resolve(data, split, training, config):
 
 
 def make_dataset(data, batch_size, *, training, split=None, config=None,
-                 num_epochs=None, input_context=None, shard=None, **overrides):
+                 num_epochs=None, input_context=None, shard=None, start_batch=0,
+                 **overrides):
     """Builds the ``tf.data.Dataset`` of ``(features, labels)`` batches.
 
     Args:
@@ -371,8 +324,9 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         files, or a :class:`records.RecordFiles`.
       batch_size: examples per batch (per input pipeline / replica).
       training: True: shuffled and repeated (``num_epochs`` times, forever by
-        default). False: one pass over every example in file order, none
-        dropped, the last batch may be smaller.
+        default), each epoch's order a function of the seed and the epoch
+        (see :mod:`estimator_keras.input_order`). False: one pass over every
+        example in file order, none dropped, the last batch may be smaller.
       split: split to read from a dataset directory; default "train" when
         training, else "test".
       config: an :class:`InputConfig`; keyword ``overrides`` replace its fields.
@@ -381,6 +335,10 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         its own share of the files.
       shard: ``(num_shards, index)`` to use when there is no input_context
         (parameter-server workers).
+      start_batch: training: batches of this pipeline's stream already
+        consumed (a resumed run: its step times the batches a step takes
+        from this pipeline). The stream starts in the epoch they reach and
+        skips the consumed batches of it without parsing them.
 
     Returns:
       A dataset yielding ``({input_name: tensor}, labels)``, or just the
@@ -391,93 +349,127 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         raise UsageError(f"batch_size must be a positive integer; given {batch_size!r}.")
     resolved = _resolve(data, split, training, config)
     mapping = feature_map(resolved.schema, config.features, config.label)
-    files = list(resolved.files)
 
     num_shards, index = 1, 0
     if input_context is not None and input_context.num_input_pipelines > 1:
         num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
     elif shard is not None:
         num_shards, index = shard
-    dataset = tf.data.Dataset.from_tensor_slices(files)
-    shard_records = False
-    if num_shards > 1:
-        if len(files) >= num_shards:
-            dataset = dataset.shard(num_shards, index)
-        else:
-            # Fewer files than pipelines: every pipeline reads every file and
-            # keeps one record in num_shards. Slower, but nothing is seen twice.
-            logger.warning("%d file(s) for %d input pipelines: sharding by record; "
-                           "write more shards for faster reading", len(files), num_shards)
-            shard_records = True
+    files, by_record = input_order.pipeline_files(resolved.files, num_shards, index)
+    if by_record:
+        # Fewer files than pipelines: every pipeline reads every file and
+        # keeps one record in num_shards. Slower, but nothing is seen twice.
+        logger.warning("%d file(s) for %d input pipelines: sharding by record; "
+                       "write more shards for faster reading", len(files), num_shards)
     label_names = [config.label] if config.label else []
     cache, reason = cache_decision(config, resolved, set(mapping.values()) | set(label_names),
                                    num_shards)
     if config.cache == "auto":
-        _log_once((tuple(files), num_shards, index, cache, config.cache_budget_mb), reason)
-    # Cached runs of batches get their records permuted after the cache; a
-    # record shuffle before it would only colour the first epoch.
-    reform = training and cache and config.shuffle != "none" and config.reforms_batches()
-    if training and config.shuffle != "none":
-        dataset = dataset.shuffle(len(files), seed=config.seed,
-                                  reshuffle_each_iteration=True)
-    if training and not cache:
-        dataset = dataset.repeat(num_epochs)
+        _log_once((tuple(resolved.files), num_shards, index, cache, config.cache_budget_mb),
+                  reason)
 
     def read(path):
         records_in_file = tf.data.TFRecordDataset(path, resolved.compression or "",
                                                   buffer_size=1 << 20)
-        if shard_records:
-            # Sharding each file by record position keeps the pipelines'
-            # shares disjoint whatever order each one reads the files in
-            # (file shuffling with seed=None differs between pipelines).
+        if by_record:
+            # By record position: the pipelines' shares stay disjoint
+            # whatever order each one reads the files in.
             records_in_file = records_in_file.shard(num_shards, index)
         return records_in_file
 
     # Order may vary only where the caller asked for a shuffle without a seed.
     ordered = not training or config.shuffle == "none" or config.seed is not None
+    parse = parse_examples_fn(resolved.schema, mapping, config.label, config.scale,
+                              cast=not cache)
     if training:
-        parallel = {"num_parallel_calls": tf.data.AUTOTUNE,
-                    "deterministic": ordered} if config.parallel_reads else {}
-        dataset = dataset.interleave(read, cycle_length=config.cycle_length,
-                                     block_length=config.block_length, **parallel)
+        dataset = _training_stream(config, resolved, files, read, parse, int(batch_size),
+                                   cache, ordered, num_epochs, num_shards, index, by_record,
+                                   start_batch)
     else:
         # Evaluation reads files in order so that predictions line up with
         # the records.
-        dataset = dataset.flat_map(read)
-    if config.skip_corrupt:
-        dataset = dataset.apply(tf.data.experimental.ignore_errors(log_warning=True))
-    if training and config.shuffle == "record" and not reform:
-        dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed,
-                                  reshuffle_each_iteration=True)
-    dataset = dataset.batch(int(batch_size), drop_remainder=False)
-    if training and config.shuffle == "batch" and not cache:
-        dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed,
-                                  reshuffle_each_iteration=True)
-    dataset = dataset.map(parse_examples_fn(resolved.schema, mapping, config.label,
-                                            config.scale, cast=not cache),
-                          num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=ordered)
-    if config.skip_corrupt:
-        dataset = dataset.apply(tf.data.experimental.ignore_errors(log_warning=True))
+        dataset = _readable(config, tf.data.Dataset.from_tensor_slices(files).flat_map(read))
+        dataset = _parsed(config, dataset.batch(int(batch_size)), parse, ordered)
+        if cache:
+            dataset = dataset.cache()
     if cache:
-        # One epoch of batches in the records' dtypes; every epoch after the
-        # first reads memory. Shuffling the cached batches (references, not
-        # copies) over a whole epoch gives each epoch a new order.
-        dataset = dataset.cache()
-        if training and config.shuffle != "none":
-            epoch = _epoch_batches(config, resolved, batch_size, num_shards)
-            dataset = dataset.shuffle(epoch, seed=config.seed, reshuffle_each_iteration=True)
-            if reform:
-                dataset = _reform_batches(dataset, int(batch_size),
-                                          _run_batches(config, batch_size, epoch), config.seed)
+        # In order when training: an unordered map could move a batch from
+        # one epoch into the next.
         dataset = dataset.map(cast_inputs_fn(config.scale, bool(config.label)),
-                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
-        # The repeat after the parallel map: an unordered map must not move a
-        # batch across an epoch's boundary.
-        if training:
-            dataset = dataset.repeat(num_epochs)
+                              num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=ordered or training)
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(
         autotune_options(config, resolved, mapping, batch_size))
+
+
+def _readable(config, records_read):
+    if config.skip_corrupt:
+        return records_read.apply(tf.data.experimental.ignore_errors(log_warning=True))
+    return records_read
+
+
+def _parsed(config, batches, parse, ordered):
+    batches = batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+    if config.skip_corrupt:
+        batches = batches.apply(tf.data.experimental.ignore_errors(log_warning=True))
+    return batches
+
+
+def _training_stream(config, resolved, files, read, parse, batch_size, cache, ordered,
+                     num_epochs, num_shards, index, by_record, start_batch):
+    """Epoch after epoch from the position ``start_batch`` reaches; uncached
+    batches are skipped before they are parsed."""
+    seed = config.seed if config.seed is not None else input_order.new_seed()
+    examples = input_order.pipeline_examples(resolved, files, num_shards, index, by_record)
+    start = input_order.position(start_batch, input_order.batches_per_epoch(examples, batch_size),
+                                 seed)
+    if start_batch:
+        logger.debug("the training input resumes at %s", start.describe())
+    shuffle = config.shuffle != "none"
+    parallel = {"num_parallel_calls": tf.data.AUTOTUNE,
+                "deterministic": ordered} if config.parallel_reads else {}
+
+    def interleaved(names):
+        return _readable(config, tf.data.Dataset.from_tensor_slices(names).interleave(
+            read, cycle_length=config.cycle_length, block_length=config.block_length,
+            **parallel))
+
+    if not cache:
+        def one_epoch(epoch):
+            records_of_epoch = interleaved(input_order.epoch_files(files, seed, epoch, shuffle))
+            seed_of_epoch = input_order.epoch_seed(seed, epoch)
+            if config.shuffle == "record":
+                records_of_epoch = input_order.shuffled(records_of_epoch,
+                                                        config.shuffle_buffer, seed_of_epoch)
+            batches = records_of_epoch.batch(batch_size)
+            if config.shuffle == "batch":
+                batches = input_order.shuffled(batches, config.shuffle_buffer, seed_of_epoch)
+            return batches
+
+        return _parsed(config, input_order.stream(start, one_epoch, num_epochs, overlap=True),
+                       parse, ordered)
+
+    # Cached runs of batches get their records permuted after the cache; a
+    # record shuffle before it would only colour the first epoch.
+    reform = shuffle and config.reforms_batches()
+    cached = _cached_batches(config, interleaved(input_order.fill_files(files, seed, shuffle)),
+                             parse, batch_size, seed, ordered, shuffle_records=not reform)
+    if not shuffle:
+        return input_order.stream(start, lambda epoch: cached, num_epochs)
+    epoch_batches = _epoch_batches(config, resolved, batch_size, num_shards)
+
+    def one_cached_epoch(epoch):
+        # Shuffling the cached batches (references, not copies) over the
+        # whole epoch gives each epoch its own order.
+        seed_of_epoch = input_order.epoch_seed(seed, epoch)
+        batches = input_order.shuffled(cached, epoch_batches, seed_of_epoch)
+        if reform:
+            batches = _reform_batches(batches, batch_size,
+                                      _run_batches(config, batch_size, epoch_batches),
+                                      seed_of_epoch)
+        return batches
+
+    return input_order.stream(start, one_cached_epoch, num_epochs)
 
 
 def served_example_bytes(schema, mapping, label=None, record_bytes=None):
@@ -525,22 +517,30 @@ def _run_batches(config, batch_size, epoch_batches):
     return max(2, min(per_run, epoch_batches))
 
 
-def _reform_batches(dataset, batch_size, run_batches, seed):
-    """New batches out of cached ones: each run of ``run_batches`` batches is
-    joined, its records permuted, and cut into batches again; only the
-    epoch's last batch comes out short. The permutations come from a seeded
-    random dataset drawn anew every epoch, so a seeded pipeline repeats
-    itself run after run, and a resumed run (given a new seed) does not."""
-    runs = dataset.rebatch(batch_size * run_batches)
-    draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+def _cached_batches(config, records_read, parse, batch_size, seed, ordered, shuffle_records):
+    """One epoch of parsed batches in the records' dtypes, cached: every
+    epoch reads memory once the first has filled it."""
+    if config.shuffle == "record" and shuffle_records:
+        records_read = input_order.shuffled(records_read, config.shuffle_buffer,
+                                            input_order.epoch_seed(seed, -1))
+    return _parsed(config, records_read.batch(batch_size), parse, ordered).cache()
 
-    def permute(element, draw):
+
+def _reform_batches(dataset, batch_size, run_batches, seed):
+    """New batches out of one epoch's cached ones: each run of
+    ``run_batches`` batches is joined, its records permuted, and cut into
+    batches again; only the epoch's last batch comes out short. Run ``i``'s
+    permutation is a function of (``seed``, ``i``): stateless, so an epoch
+    rebuilt after a resume permutes as the first time."""
+    runs = dataset.rebatch(batch_size * run_batches)
+
+    def permute(run, element):
         count = tf.shape(tf.nest.flatten(element)[0])[0]
-        keys = tf.random.stateless_uniform([count], seed=tf.stack([draw, draw // 2 + 1]))
+        keys = tf.random.stateless_uniform([count], seed=tf.stack([seed, run]))
         order = tf.argsort(keys)
         return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
-    return tf.data.Dataset.zip((runs, draws)).map(permute).rebatch(batch_size)
+    return runs.enumerate().map(permute).rebatch(batch_size)
 
 
 def _epoch_batches(config, resolved, batch_size, num_shards):
@@ -554,12 +554,15 @@ def _epoch_batches(config, resolved, batch_size, num_shards):
 
 
 def make_input_fn(data, batch_size, *, training, split=None, config=None,
-                  num_epochs=None, shard=None, **overrides):
+                  num_epochs=None, shard=None, start_step=0, **overrides):
     """An Estimator ``input_fn`` over the same pipeline as :func:`make_dataset`.
 
     Files are resolved now, so a missing or incomplete dataset fails here and
     not an hour into training. The returned function accepts the arguments
-    an Estimator passes (``params``, ``mode``, ``config``, ``input_context``).
+    an Estimator passes (``params``, ``mode``, ``config``, ``input_context``)
+    and ``start_step``: the step training resumes at (default: the one given
+    here), from which a training pipeline knows how many of its batches were
+    consumed (one a step per replica it feeds) and resumes after them.
 
     Example::
 
@@ -569,12 +572,24 @@ def make_input_fn(data, batch_size, *, training, split=None, config=None,
     input_config = dataclasses.replace(config or InputConfig(), **overrides)
     resolved = _resolve(data, split, training, input_config)
     feature_map(resolved.schema, input_config.features, input_config.label)
+    resumed_at = start_step
 
     # Estimator inspects the argument names and passes only those it knows.
-    def input_fn(params=None, mode=None, config=None, input_context=None):  # pylint: disable=unused-argument
+    def input_fn(params=None, mode=None, config=None, input_context=None,  # pylint: disable=unused-argument
+                 start_step=None):
+        step = resumed_at if start_step is None else start_step
         return make_dataset(resolved, batch_size, training=training,
                             config=input_config, num_epochs=num_epochs,
-                            input_context=input_context, shard=shard)
+                            input_context=input_context, shard=shard,
+                            start_batch=int(step or 0) * batches_per_step(input_context))
 
     input_fn.files = resolved
     return input_fn
+
+
+def batches_per_step(input_context):
+    """Batches a training step takes from each input pipeline: one per
+    replica the pipeline feeds."""
+    if input_context is None or input_context.num_input_pipelines < 1:
+        return 1
+    return max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)

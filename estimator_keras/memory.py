@@ -20,6 +20,10 @@ import ctypes
 import functools
 import os
 
+from estimator_keras import io
+
+# Where no operating-system figure is readable.
+FALLBACK_AVAILABLE_MB = 2048
 # mallopt's parameter for the most arenas (glibc's malloc.h).
 _M_ARENA_MAX = -8
 
@@ -55,3 +59,49 @@ def limit_arenas(count=None, environ=None):
         return None
     count = int(count or max(2, os.cpu_count() or 1))
     return count if libc.mallopt(_M_ARENA_MAX, count) == 1 else None
+
+
+def _meminfo_mb(field):
+    try:
+        for line in io.read_text("/proc/meminfo").splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room_mb():
+    """Memory left under this process's cgroup limit (containers), or None."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            text = io.read_text(limit).strip()
+            if text == "max" or int(text) >= 1 << 60:
+                return None
+            return (int(text) - int(io.read_text(usage).strip())) / 2.0 ** 20
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def available_memory_mb():
+    """``(MB, where the figure comes from)``: MemAvailable from /proc/meminfo,
+    lowered to the room left under a cgroup limit; elsewhere the operating
+    system's free pages, else half its physical memory, else a fixed guess."""
+    found, source = _meminfo_mb("MemAvailable"), "MemAvailable"
+    room = _cgroup_room_mb()
+    if room is not None and (found is None or room < found):
+        found, source = room, "cgroup limit"
+    if found is None:
+        try:
+            found = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 20
+            source = "free physical pages"
+        except (AttributeError, ValueError, OSError):
+            try:
+                found = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 21
+                source = "half the physical memory"
+            except (AttributeError, ValueError, OSError):
+                found, source = FALLBACK_AVAILABLE_MB, "no memory figure readable: a guess"
+    return max(0.0, found), source

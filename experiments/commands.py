@@ -140,7 +140,7 @@ def cmd_inspect(args):
 
 # train's flags that set a config field (they beat --hparams).
 TRAIN_CONFIG_FLAGS = {"max_steps": "max_steps", "batch_size": "batch_size",
-                      "eval_every": "eval_every_steps"}
+                      "eval_every": "eval_every_steps", "deterministic": "deterministic"}
 
 
 def check_flags_agree(config, overrides, flags):

@@ -82,7 +82,15 @@ class TrainConfig:
     keep_checkpoint_max: int = 5
     """Checkpoints kept in the model dir."""
     seed: int = 42
-    """Graph-level random seed (initialization, dropout, shuffling)."""
+    """Graph-level random seed (initialization, dropout, shuffling). Every
+    epoch's input order is a function of it and the epoch, so a resumed run
+    continues the stopped epoch instead of starting a new order (None: a
+    new seed every run, and a resumed run starts a new order)."""
+    deterministic: bool = False
+    """Run TensorFlow's ops deterministically
+    (``tf.config.experimental.enable_op_determinism``; JAX on CPU always is):
+    with a seed, two runs of one config, stopped or not, end with the same
+    weights bit for bit on one machine (see "What survives what")."""
     precision: str = "float32"
     """Compute dtype of training: "float32", "mixed_bfloat16" (bfloat16
     compute, float32 variables and outputs), or "auto" (mixed_bfloat16 on a

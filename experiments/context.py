@@ -12,7 +12,8 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import engines, inputs, manifest, model_inputs, precision, records
+from estimator_keras import (engines, input_order, inputs, manifest, model_inputs, precision,
+                             records)
 from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
@@ -91,11 +92,13 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
                     f"`python -m experiments prepare {name} --data-dir {data_dir}` first.")
 
 
-def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, shard=None):
+def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, shard=None,
+              start_step=0):
     """Train and eval input_fns over the experiment's dataset; ``seed``
     makes their shuffles (and so the run) repeatable; ``shard``
     (processes, rank) gives this process its share of the training files
-    where no ``tf.distribute.InputContext`` will."""
+    where no ``tf.distribute.InputContext`` will; the training input
+    resumes after the batches of ``start_step`` steps."""
     data = config.data
     input_config = inputs.InputConfig(
         features=data.features, label=data.label, shuffle=data.shuffle,
@@ -108,7 +111,8 @@ def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, sh
         order = info.cluster.get("chief", []) + info.cluster.get("worker", [])
         shard = (len(order), order.index(info.task_address))
     train_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=True,
-                                    split=data.train_split, config=input_config, shard=shard)
+                                    split=data.train_split, config=input_config, shard=shard,
+                                    start_step=start_step)
     eval_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=False,
                                    split=data.eval_split, config=input_config)
     return train_fn, eval_fn
@@ -174,7 +178,7 @@ class RunContext:
       probe: one uncompiled model, built to check the records and checkpoints.
       skip_corrupt: drop unreadable records instead of stopping.
       start_step: the step of the model dir's checkpoint when the run starts.
-      seed: the run's random seed (see :func:`estimator_keras.engines.base.run_seed`).
+      seed: the run's random seed (train.seed), the same after a resume.
       policy, policy_reason: the Keras mixed-precision policy the model computes
         in, and why (see :func:`estimator_keras.precision.resolve`).
       preemption_grace: seconds from SIGTERM to the end of the process.
@@ -270,8 +274,13 @@ class RunContext:
             # A group starts where process 0's model dir says, whatever the
             # others see: they all train, or none does.
             start_step = int(training_group.from_process_0(start_step))
-        seed = base.run_seed(config.train.seed, start_step)
-        tf.keras.utils.set_random_seed(seed)
+        if config.train.deterministic:
+            tf.config.experimental.enable_op_determinism()
+        # The same seed however often the run was stopped: every epoch's
+        # input order is a function of it and the epoch.
+        seed = config.train.seed
+        if seed is not None:
+            tf.keras.utils.set_random_seed(seed)
         probe = experiment.make_model(config.model, data)
         refuses = engines.registry.get(engine_obj.name).no_bfloat16
         policy, policy_reason = precision.resolve(
@@ -287,7 +296,7 @@ class RunContext:
         if slow and info.is_chief:
             task_log(info, slow)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
-                                      shard=training_group.input_shard)
+                                      shard=training_group.input_shard, start_step=start_step)
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,
                    strategy_name=strategy_name, distribute=distribute, replicas=replicas,
                    model_dir=str(model_dir), export_dir=export_dir,
@@ -307,11 +316,29 @@ class RunContext:
     def log(self, message):
         task_log(self.info, message)
 
-    def log_seed(self):
-        if self.seed != self.config.train.seed and self.start_step < self.config.train.max_steps:
-            self.log(f"resuming at step {self.start_step} with random seed {self.seed} (from "
-                     f"seed {self.config.train.seed} and the step): new shuffles and dropout, "
-                     f"not the first run's again")
+    def log_resume(self):
+        """One line: where a resumed run's training input picks up."""
+        if not self.start_step or self.start_step >= self.config.train.max_steps:
+            return
+        if self.seed is None:
+            self.log(f"resuming at step {self.start_step} without a seed (train.seed is None): "
+                     f"the input starts a new order, not the stopped epoch's")
+            return
+        files = self.train_fn.files
+        examples = input_order.pipeline_examples(files, files.files)
+        if examples is None:
+            self.log(f"resuming at step {self.start_step}: the dataset has no example counts, so "
+                     f"the input starts a new epoch order instead of the stopped epoch's")
+            return
+        if self.info.num_workers > 1 or self.group.input_shard:
+            where = f"its stopped epoch (seed {self.seed}) in each process's share of the files"
+        else:
+            where = input_order.position(
+                self.start_step * self.replicas,
+                input_order.batches_per_epoch(examples, self.config.train.batch_size),
+                self.seed).describe()
+        self.log(f"resuming at step {self.start_step}: the input continues at {where}, "
+                 f"skipping the consumed batches unparsed")
 
     def build_model(self):
         return self.experiment.make_model(self.config.model, self.data)

@@ -197,7 +197,7 @@ class Runner:
             if ctx.changed:
                 raise config_files.refusal(ctx.model_dir, ctx.changed)
             ctx.engine.check_can_restore(latest)
-            ctx.log_seed()
+            ctx.log_resume()
         return latest
 
     def _on_progress(self, step, loss, seconds_left, steps_per_sec=None):

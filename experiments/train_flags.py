@@ -70,6 +70,9 @@ def add_train_flags(parser, exclude=()):
     add("--batch-size", type=int, metavar="N", help="examples per replica per step")
     add("--eval-every", type=int, metavar="N", help="checkpoint and evaluate every N steps")
     add("--strategy", default="auto", choices=list(STRATEGIES))
+    add("--deterministic", action="store_const", const=True, default=None,
+        help="deterministic ops (train.deterministic): a run stopped and resumed ends with "
+             "the weights of one never stopped, bit for bit")
     add("--skip-corrupt", action="store_true",
         help="skip unreadable records (logged) instead of stopping")
     add("--tuning-trial", action="store_true",
@@ -84,8 +87,8 @@ def add_train_flags(parser, exclude=()):
              "collector reads them)")
     add("--track", nargs="?", const="", default=None, metavar="URI",
         help="record the run in MLflow (pip install -e '.[mlflow]'): a tracking server "
-             "http(s)://..., a local folder, or a file: or sqlite: URI; alone: "
-             "$MLFLOW_TRACKING_URI, else ./mlruns. $EK_TRACKING_URI does the same")
+             "http(s)://..., a database URI or a local .db file; alone: "
+             "$MLFLOW_TRACKING_URI, else ./mlflow.db. $EK_TRACKING_URI does the same")
     add("--register", metavar="NAME",
         help="with --track: register the final export as a new version of MLflow's "
              "registered model NAME")

@@ -223,7 +223,7 @@ def run_steps_per_call(data_dir, model_dir, options):
     model = keras3.compile_for_keras3(plan, base.MAX_STEPS_PER_EXECUTION)
     meter = base.ProgressMeter(plan.log_every_steps, log=lambda line: None)
     ends = CallEnds()
-    model.fit(keras3._datasets(plan, model)[0], epochs=3, steps_per_epoch=12, verbose=0,
+    model.fit(keras3._train_data(plan, model, 0), epochs=3, steps_per_epoch=12, verbose=0,
               callbacks=[keras3.TrainingSteps(plan, meter, lambda: None, model), ends])
     return dict(out, logs=logs, longer_step=longer.global_step,
                 longer_iterations=keras3_resume.iterations(longer.model),

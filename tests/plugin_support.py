@@ -125,7 +125,6 @@ def read_export(export_dir):
 EMBEDDING_MODULE = "ek_tags_plugin"
 EMBEDDING_EXPERIMENT = "ek_tags_embedding"
 EMBEDDING_DATASET = "ek_tags"
-DROPOUT_EXPERIMENT = "ek_tags_dropout"
 
 EMBEDDING_SOURCE = '''"""Tags: a float vector of noise and an int64 category; the label is the
 category's class, so only the category's embedding can learn it."""
@@ -179,31 +178,6 @@ register(Experiment(
         model={"dim": 2}),
     build_model=embedding))
 
-
-def dropout(hparams, data):
-    import tensorflow as tf
-
-    vector = tf.keras.Input(shape=(3,), name="vector")
-    category = tf.keras.Input(shape=(), dtype="int64", name="category")
-    embedded = tf.keras.layers.Embedding(CATEGORIES, 4)(category)
-    x = tf.keras.layers.Concatenate()([vector, embedded])
-    x = tf.keras.layers.Dense(16, activation="relu")(x)
-    x = tf.keras.layers.Dropout(hparams["dropout"])(x)
-    outputs = tf.keras.layers.Dense(2, activation="softmax")(x)
-    return tf.keras.Model([vector, category], outputs)
-
-
-# Plain SGD: a step's update depends on the weights, the batch and the
-# dropout mask, not on the step number.
-register(Experiment(
-    config=ExperimentConfig(
-        name="ek_tags_dropout", description="dropout after the embedding",
-        data=DataConfig(dataset="ek_tags", features={"vector": "vector", "category": "category"},
-                        shuffle="none"),
-        train=TrainConfig(batch_size=24, max_steps=5, eval_every_steps=5, log_every_steps=5,
-                          optimizer="sgd", learning_rate=0.1),
-        model={"dropout": 0.5}),
-    build_model=dropout))
 '''
 
 

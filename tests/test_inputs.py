@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from support import child_env, flip_byte_in_record
+from estimator_keras import inputs, records
 from estimator_keras.errors import ConfigError, SchemaError, UsageError
 from estimator_keras.inputs import InputConfig, cache_decision, make_dataset, make_input_fn
 from estimator_keras.records import RecordFiles, encode_example, write_records
@@ -119,7 +120,8 @@ def test_training_epoch_sees_each_example_once(tiny_dataset, mode):
 def test_training_repeats_forever_by_default(tiny_dataset):
     directory, _ = tiny_dataset(n=10, num_shards=2)
     dataset = make_dataset(directory, 4, training=True, seed=0, features=["vec"], label="id")
-    counts = collections.Counter(_ids(dataset.take(25)))  # 100 examples: ten epochs
+    # Epochs of 4 + 4 + 2: batches stay within their epoch.
+    counts = collections.Counter(_ids(dataset.take(30)))  # 100 examples: ten epochs
     assert sorted(counts) == list(range(10)) and sum(counts.values()) == 100
 
 
@@ -336,15 +338,15 @@ def test_cache_epochs_stay_whole_when_the_pipeline_is_unordered(tiny_dataset):
 
 def test_cache_keeps_records_dtypes_in_memory(tiny_dataset):
     directory, _ = tiny_dataset(n=20, num_shards=2)
-    dataset = make_dataset(directory, 4, training=True, cache=True, features=["image"],
-                           label="id")
-    node, cached = dataset, None
-    while node is not None and cached is None:
-        if "Cache" in type(node).__name__:
-            cached = node
-        node = getattr(node, "_input_dataset", None)
-    assert cached is not None, "no cache in the training pipeline"
+    resolved = records.resolve(directory, "train")
+    config = InputConfig(features=["image"], label="id", cache=True)
+    parse = inputs.parse_examples_fn(resolved.schema, {"image": "image"}, "id", cast=False)
+    cached = inputs._cached_batches(  # pylint: disable=protected-access
+        config, tf.data.TFRecordDataset(resolved.files), parse, 4, 0, True, True)
+    assert "Cache" in type(cached).__name__
     features, labels = cached.element_spec
+    served, _ = make_dataset(directory, 4, training=True, config=config).element_spec
+    assert served["image"].dtype == tf.float32
     assert features["image"].dtype == tf.uint8 and labels.dtype == tf.int64
 
 

@@ -1,6 +1,6 @@
 """SIGTERM (preemption) during training: a checkpoint of the current step,
 exit status 75, no export, and a rerun that resumes from that step; and a
-resumed run that does not replay the first run's randomness."""
+resumed run whose batches continue those of a run never stopped."""
 
 import os
 import random
@@ -20,6 +20,7 @@ ENGINES = environments.engines_under_test()
 # per run, so a failure names its step).
 SIGTERM_STEPS = (40, 400)
 PREEMPTED = 75
+RESUMED_AT = 700  # 29 epochs of 24 batches of 128, and 4 batches of the 30th
 
 
 def _progress_steps(text):
@@ -69,9 +70,10 @@ def test_sigterm_saves_the_current_step_and_a_rerun_resumes(fashion_data, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_resumed_run_draws_new_batches_and_fresh_runs_repeat(fashion_data, tmp_path):
-    """The first training batch after a resume differs from the first batch of
-    the original run; two fresh runs with one seed see the same batches."""
+def test_a_resumed_run_continues_the_batches_of_a_run_never_stopped(fashion_data, tmp_path):
+    """Two fresh runs with one seed see the same batches; a run resumed at
+    step 700 starts with the batch a run never stopped trains step 700 on,
+    with the same seed."""
     from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
     from experiments.context import RunContext  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -79,27 +81,30 @@ def test_a_resumed_run_draws_new_batches_and_fresh_runs_repeat(fashion_data, tmp
     catalog.load()
     experiment = registry.get("fashion_mnist_mlp")
 
-    def first_batch(model_dir):
+    def batches(model_dir, count):
         ctx = RunContext.build(experiment, experiment.config, model_dir=str(model_dir),
                                data_dir=str(fashion_data), engine=ENGINES[-1])
-        features, labels = next(iter(ctx.train_fn()))
-        return ctx.seed, features["image"].numpy(), labels.numpy()
+        served = [(f["image"].numpy(), l.numpy()) for f, l in ctx.train_fn().take(count)]
+        return ctx.seed, served
 
-    fresh_seed, fresh_images, fresh_labels = first_batch(tmp_path / "a")
-    again_seed, again_images, again_labels = first_batch(tmp_path / "b")
+    fresh_seed, fresh = batches(tmp_path / "a", RESUMED_AT + 1)
+    again_seed, again = batches(tmp_path / "b", 3)
     assert fresh_seed == again_seed == experiment.config.train.seed
-    np.testing.assert_array_equal(fresh_images, again_images)
-    np.testing.assert_array_equal(fresh_labels, again_labels)
+    for (images, labels), (images_again, labels_again) in zip(fresh, again):
+        np.testing.assert_array_equal(images, images_again)
+        np.testing.assert_array_equal(labels, labels_again)
 
     resumed_dir = tmp_path / "resumed"
     model = experiment.build_model(experiment.config.model)
     model.compile("adam", "sparse_categorical_crossentropy")
-    model.optimizer.iterations.assign(700)
+    model.optimizer.iterations.assign(RESUMED_AT)
     tf.train.CheckpointManager(tf.train.Checkpoint(root=model), str(resumed_dir), 1,
-                               checkpoint_name="model.ckpt").save(checkpoint_number=700)
-    resumed_seed, resumed_images, _ = first_batch(resumed_dir)
-    assert resumed_seed != fresh_seed
-    assert not np.array_equal(resumed_images, fresh_images)
+                               checkpoint_name="model.ckpt").save(checkpoint_number=RESUMED_AT)
+    resumed_seed, resumed = batches(resumed_dir, 1)
+    assert resumed_seed == fresh_seed
+    np.testing.assert_array_equal(resumed[0][0], fresh[RESUMED_AT][0])
+    np.testing.assert_array_equal(resumed[0][1], fresh[RESUMED_AT][1])
+    assert not np.array_equal(resumed[0][1], fresh[0][1])
 
 
 @pytest.mark.slow

@@ -379,7 +379,7 @@ def test_show_resolves_defaults_config_hparams_flags(tmp_path):
 
 @pytest.mark.parametrize("text, named, valid", [
     ("train:\n  max_step: 5\n", "max_step in section 'train'",
-     "batch_size, early_stopping_steps, eval_every_steps, keep_checkpoint_max, "
+     "batch_size, deterministic, early_stopping_steps, eval_every_steps, keep_checkpoint_max, "
      "learning_rate, learning_rate_decay, log_every_steps, max_steps, optimizer, precision, seed"),
     ("data:\n  datset: x\n", "datset in section 'data'",
      "cache, cache_budget_mb, cache_shuffle, dataset"),

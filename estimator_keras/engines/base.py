@@ -21,6 +21,7 @@ Example::
 
 import abc
 import dataclasses
+import inspect
 import logging
 import math
 import time
@@ -117,7 +118,9 @@ class TrainingPlan:
     train_data: typing.Callable
     """``fn(input_context=None)`` -> the training ``tf.data.Dataset``
     (per-pipeline batches, repeating forever); an ``input_fn`` from
-    :func:`estimator_keras.make_input_fn` serves both engines."""
+    :func:`estimator_keras.make_input_fn` serves every engine. A function
+    that also takes ``start_step`` is given the step training resumes at
+    (see :func:`training_input`)."""
     eval_data: typing.Callable
     """The same for one pass over the eval split."""
     max_steps: int
@@ -368,15 +371,14 @@ def format_metrics(metrics):
                      if k != "global_step")
 
 
-def run_seed(seed, start_step):
-    """The random seed of a run that starts at ``start_step``: the base seed
-    itself from scratch (so identical runs stay identical), a seed derived
-    from both after a restart, so that a resumed run draws new shuffles and
-    dropout masks instead of replaying the first run's."""
-    if seed is None or not start_step:
-        return seed
-    mixed = (int(seed) * 1_000_003 + int(start_step) * 7_919) & 0x7FFFFFFF
-    return mixed if mixed != seed else mixed ^ 1
+def training_input(train_data, input_context, start_step):
+    """``train_data(input_context=...)``, told the step training resumes
+    at where it takes ``start_step`` (the functions of
+    :func:`~estimator_keras.make_input_fn` do), so that it skips the batches
+    consumed before."""
+    if "start_step" in inspect.signature(train_data).parameters:
+        return train_data(input_context=input_context, start_step=int(start_step))
+    return train_data(input_context=input_context)
 
 
 def scratch_dir(model_dir, task_id):

@@ -340,9 +340,13 @@ def _fit(plan, build_compiled_model):
         float(strategy.reduce(tf.distribute.ReduceOp.SUM,
                               strategy.run(lambda: tf.constant(0.0)), axis=None))
 
+    # BackupAndRestore restores its step inside fit: the input resumes there.
+    resumed_at = (checkpoints.checkpoint_step(backed_up) or 0) if backed_up else step
+
     # A model of one input takes its tensor, whatever the input is named.
     def train_dataset(ctx):
-        return model_inputs.as_model_inputs(model, plan.train_data(input_context=ctx))
+        return model_inputs.as_model_inputs(
+            model, base.training_input(plan.train_data, ctx, resumed_at))
 
     train_data = (train_dataset(None) if plan.strategy is None else
                   strategy.distribute_datasets_from_function(train_dataset))

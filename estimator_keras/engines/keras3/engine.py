@@ -306,16 +306,19 @@ def _scope(group):
     return group.scope()
 
 
-def _datasets(plan, model):
-    """(train, eval) datasets; under a strategy the training batches are per
-    replica; a JAX process group gets no eval dataset (ShardedEvaluation
-    reads its own)."""
+def _train_data(plan, model, step):
+    """The training dataset from ``step`` on; under a strategy its batches
+    are per replica. Each fit gets its own: fit starts its dataset over."""
     # A process that reads its own share (the plan's input_fn) gets no
     # input context; a strategy distributes the input itself.
-    train = plan.group.distribute_dataset(
-        lambda ctx: evaluation.as_built(model, plan.train_data(input_context=ctx)))
-    # A process reading its share evaluates its share too (ShardedEvaluation).
-    return train, None if plan.group.input_shard else evaluation.eval_data(plan, model)
+    return plan.group.distribute_dataset(
+        lambda ctx: evaluation.as_built(model, base.training_input(plan.train_data, ctx, step)))
+
+
+def _eval_data(plan, model):
+    """The eval dataset; a JAX process group gets none (ShardedEvaluation
+    reads each process's share)."""
+    return None if plan.group.input_shard else evaluation.eval_data(plan, model)
 
 
 def _fit(plan):
@@ -337,8 +340,8 @@ def _fit(plan):
     # Processes of a group must initialize the same weights.
     seed = plan.seed if plan.seed is not None else plan.group.shared_seed
     if seed is not None:
-        # Initial weights and dropout; the runner passes a seed that differs
-        # after a restart (base.run_seed), so a resumed run draws anew.
+        # Initial weights and dropout masks; the weights files hold no seed
+        # generator state, so a resumed run's masks start their sequence over.
         keras.utils.set_random_seed(int(seed))
     with _scope(plan.group):
         model = compile_for_keras3(plan, base.MAX_STEPS_PER_EXECUTION)
@@ -371,20 +374,20 @@ def _fit(plan):
                                plan.max_steps, hooks.on_progress)
     evaluations = Evaluations(plan, saved, start, group)
     steps = TrainingSteps(plan, meter, lambda: evaluations.saved, model, start)
-    train_data, eval_data = _datasets(plan, model)
     every = plan.eval_every_steps
-    fit = dict(validation_data=eval_data,
+    fit = dict(validation_data=_eval_data(plan, model),
                callbacks=[steps, evaluations], shuffle=False, verbose=0)
     try:
         with evaluation.quiet_end_of_data(), plan.group.fit_scope():
             if step % every:
                 # Back onto multiples of eval_every_steps (after a preemption):
                 # one short epoch first.
-                model.fit(train_data, epochs=1, **fit,
+                model.fit(_train_data(plan, model, step), epochs=1, **fit,
                           steps_per_epoch=min(every - step % every, plan.max_steps - step))
                 step = _step(model, start)
             if step < plan.max_steps and not evaluations.stopped:
-                model.fit(train_data, epochs=math.ceil(plan.max_steps / every),
+                model.fit(_train_data(plan, model, step),
+                          epochs=math.ceil(plan.max_steps / every),
                           initial_epoch=step // every, steps_per_epoch=every, **fit)
     finally:
         evaluations.close()

@@ -38,6 +38,8 @@ Example::
 import argparse
 import json
 import logging
+import importlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -228,12 +230,29 @@ def write_saved_model(model, path, schema=None, features=None, class_names=None)
 
 
 def _custom_modules(model):
-    """Modules defining the model's layers outside Keras: the child that
-    loads ``model.keras`` imports them first so they are registered."""
+    """``[name, file]`` of each module defining the model's layers outside
+    Keras: the child that loads ``model.keras`` imports them first so they
+    are registered. The file serves modules that are not importable by
+    name: the CLI loads a ``--module`` file under a name of its own."""
     modules = {type(layer).__module__ for layer in _all_layers(model)}
     # A layer class defined in a script (__main__) cannot be imported again.
-    return sorted(m for m in modules if m.split(".")[0] not in (
-        "keras", "tf_keras", "tensorflow", "__main__"))
+    return [[m, getattr(sys.modules.get(m), "__file__", None)] for m in sorted(modules)
+            if m.split(".")[0] not in ("keras", "tf_keras", "tensorflow", "__main__")]
+
+
+def _import_layer_module(name, path):
+    try:
+        found = importlib.util.find_spec(name)
+    except ImportError:
+        found = None
+    if found is not None or not path:
+        return importlib.import_module(name)
+    # Under its own name, which the model file's configs refer to.
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _all_layers(layer):
@@ -282,11 +301,10 @@ def _main(argv=None):
     parser.add_argument("spec", help="JSON: model, target, schema, features, class_names, "
                                      "modules")
     spec = json.loads(parser.parse_args(argv).spec)
-    import importlib  # pylint: disable=import-outside-toplevel
     import keras  # pylint: disable=import-outside-toplevel
 
-    for module in spec.get("modules") or ():
-        importlib.import_module(module)
+    for name, path in spec.get("modules") or ():
+        _import_layer_module(name, path)
     schema = spec.get("schema")
     if schema is not None:
         schema = {name: FeatureSpec.from_json(name, obj) for name, obj in schema.items()}
