@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from estimator_keras.manifest import load_manifest
@@ -175,6 +176,26 @@ def test_segmentation_pairs_are_the_same_either_way(tmp_path):
     folder = user_data.make_segmentation_folder(tmp_path / "scans", count=40, jpeg_every=5)
     built_in, beam = _both(tmp_path, "segmentation", "--source-dir", folder.root)
     assert_same_dataset(built_in, beam)
+
+
+@pytest.mark.slow
+def test_a_workers_error_fails_the_command_naming_the_runner_and_the_file(tmp_path):
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    for sub in ("images", "masks"):
+        (tmp_path / "scans" / sub).mkdir(parents=True)
+    for k in range(4):
+        Image.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8)).save(
+            tmp_path / "scans" / "images" / f"{k}.png")
+        mask = rng.integers(0, 3, (16, 16, 3 if k == 2 else 1), dtype=np.uint8)
+        Image.fromarray(mask if k == 2 else mask[..., 0]).save(
+            tmp_path / "scans" / "masks" / f"{k}.png")
+    rc, out = _prepare("segmentation", "--source-dir", tmp_path / "scans", "--name", "scans",
+                       "--data-dir", tmp_path / "data", "--beam")
+    assert rc == 1, out[-2000:]
+    assert "the Beam pipeline checking the inputs failed on FnApiRunner" in out, out[-2000:]
+    assert "masks/2.png is a colour image" in out, out[-2000:]
+    assert not (tmp_path / "data" / "scans" / "dataset.json").exists()
 
 
 @pytest.mark.slow

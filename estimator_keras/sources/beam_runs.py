@@ -11,6 +11,7 @@ as a pipeline whose results come back in order. The writer is
 Apache Beam is imported here, so only ``prepare --beam`` loads it.
 """
 
+import functools
 import logging
 import pickle
 import uuid
@@ -99,8 +100,23 @@ def run(pipeline, options, what):
     return result
 
 
-def _run_job(item, fn):
-    index, job = item
+def stage(obj, path):
+    """Pickles ``obj`` to ``path`` (local or remote) for :func:`staged`:
+    what the workers need beyond a few bytes travels as a file, not inside
+    the pipeline's graph (Dataflow refuses a job graph over 10 MB)."""
+    with io.atomic_file(path, "wb") as f:
+        f.write(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    return path
+
+
+@functools.lru_cache(maxsize=8)
+def staged(path):
+    """What :func:`stage` wrote to ``path``, read once per worker process."""
+    return pickle.loads(io.read_bytes(path))
+
+
+def _run_job(record, fn):
+    index, job = pickle.loads(record)
     return pickle.dumps((index, fn(job)), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -108,14 +124,14 @@ class BeamMapper:
     """``parallel_map`` as a Beam pipeline: ``fn`` runs on the workers over
     ``jobs`` and the results come back to this process, in order.
 
-    The results travel pickled through TFRecord files in a temporary folder
-    (see :func:`temp_dir`), removed afterwards. ``fn`` and the jobs must be
-    picklable, as for worker processes.
+    The jobs go out, and the results come back, pickled in TFRecord files of
+    a temporary folder (see :func:`temp_dir`), removed afterwards; Beam's
+    TFRecord source splits the jobs among the workers. ``fn`` and the jobs
+    must be picklable, as for worker processes.
     """
 
     def __init__(self, options, scratch):
         self.options, self.scratch = options, scratch
-        self.runs = 0
 
     def __call__(self, fn, jobs, num_workers=1, on_result=None):
         beam = import_beam()
@@ -125,11 +141,13 @@ class BeamMapper:
         if not jobs:
             return []
         folder = temp_dir(self.options, self.scratch)
-        self.runs += 1
         try:
+            with tf.io.TFRecordWriter(io.join(folder, "jobs.tfrecord")) as writer:
+                for item in enumerate(jobs):
+                    writer.write(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
             p = beam.Pipeline(options=self.options)
             _ = (p
-                 | "jobs" >> beam.Create(list(enumerate(jobs)))
+                 | "jobs" >> beam.io.ReadFromTFRecord(io.join(folder, "jobs.tfrecord"))
                  # Spreads the jobs over the workers.
                  | "spread" >> beam.Reshuffle()
                  | "check" >> beam.Map(_run_job, fn)
@@ -143,8 +161,8 @@ class BeamMapper:
         finally:
             io.rmtree(folder)
         if len(found) != len(jobs):
-            raise RuntimeError(f"the Beam pipeline returned {len(found)} results for "
-                               f"{len(jobs)} jobs")
+            raise DataError(f"the Beam pipeline checking the inputs returned "
+                            f"{len(found)} results for {len(jobs)} jobs.")
         results = [found[i] for i in range(len(jobs))]
         if on_result:
             for result in results:

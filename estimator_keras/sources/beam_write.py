@@ -13,6 +13,7 @@ per shard, the records counted in the written file.
 """
 
 import datetime
+import tempfile
 
 import numpy as np
 
@@ -22,16 +23,18 @@ from estimator_keras.errors import DataError, SchemaError, UsageError
 from estimator_keras.manifest import (
     SHARD_RE, SPLIT_RE, Manifest, Shard, Split, check_compression, check_labels,
     manifest_path, shard_files_in, write_manifest)
-from estimator_keras.sources.beam_runs import NAMESPACE, import_beam, run, runner_name
+from estimator_keras.sources.beam_runs import (
+    NAMESPACE, import_beam, run, runner_name, stage, staged, temp_dir)
 
 CHUNK = 64
 """Examples a worker reads and encodes at a time."""
 
 
-def _encode_chunk(chunk, source, schema, split, num_chunks, seed):
+def _encode_chunk(chunk, source_path, schema, split, num_chunks, seed):
     """The serialized examples of one chunk of a split (see the module docstring)."""
     import apache_beam as beam  # pylint: disable=import-outside-toplevel
     from estimator_keras import records  # pylint: disable=import-outside-toplevel
+    source = staged(source_path)
     indices = np.arange(chunk, len(source), num_chunks, dtype=np.int64)
     indices = np.random.default_rng([seed, chunk]).permutation(indices)
     batch = source.read(indices)
@@ -80,12 +83,15 @@ def _counters(result):
 
 
 def write_dataset(splits, output_dir, *, options, num_shards, compression=None, seed=0,
-                  progress=True, name="", created=None, labels=None, num_workers=None):
+                  progress=True, name="", created=None, labels=None, num_workers=None,
+                  scratch=None):
     """Writes every split of ``splits`` with a Beam pipeline, then the manifest.
 
     Arguments as for :func:`estimator_keras.records.write_dataset`, with
     ``options`` the pipeline's ``PipelineOptions`` and ``num_shards`` an int
     or a dict split -> int; ``num_workers`` is the options' business. The
+    sources travel to the workers pickled in a temporary folder (under
+    ``--temp_location``, else ``scratch`` or the system's). The
     directory's old shards and manifest are removed first: unlike the
     built-in writer, this one does not keep splits it does not write.
 
@@ -111,6 +117,7 @@ def write_dataset(splits, output_dir, *, options, num_shards, compression=None, 
     kind = (beam.io.filesystem.CompressionTypes.GZIP if compression
             else beam.io.filesystem.CompressionTypes.UNCOMPRESSED)
 
+    folder = temp_dir(options, scratch or tempfile.gettempdir())
     pipeline = beam.Pipeline(options=options)
     for split, source in splits.items():
         chunks = max(1, min(len(source), -(-len(source) // CHUNK)))
@@ -118,15 +125,19 @@ def write_dataset(splits, output_dir, *, options, num_shards, compression=None, 
              | f"{split}/chunks" >> beam.Create(range(chunks))
              # Spreads the chunks over the workers.
              | f"{split}/spread" >> beam.Reshuffle()
-             | f"{split}/encode" >> beam.FlatMap(_encode_chunk, source, schema, split,
-                                                  chunks, seed)
+             | f"{split}/encode" >> beam.FlatMap(
+                 _encode_chunk, stage(source, io.join(folder, f"{split}.pickle")), schema,
+                 split, chunks, seed)
              | f"{split}/write" >> beam.io.WriteToTFRecord(
                  io.join(output_dir, split), file_name_suffix=suffix,
                  num_shards=shards[split], shard_name_template="-SSSSS-of-NNNNN",
                  compression_type=kind)
              | f"{split}/count" >> beam.Map(_count_shard, compression))
-    counts = _counters(run(pipeline, options, f"writing {output_dir} (no manifest was "
-                                              f"written)"))
+    try:
+        counts = _counters(run(pipeline, options, f"writing {output_dir} (no manifest was "
+                                                  f"written)"))
+    finally:
+        io.rmtree(folder)
 
     written = {}
     for split, source in splits.items():
