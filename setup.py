@@ -75,6 +75,8 @@ setup(
     #   pip install -e '.[cloud]'      Vertex AI's SDK and types for `submit`
     #   pip install -e '.[kubeflow]'   Kubeflow Trainer v2 (TrainJob checks, progress reports)
     #   pip install -e '.[mlflow]'     MLflow, for --track (runs, metrics, exports, registry)
+    #   pip install -e '.[beam]'       Apache Beam, for `prepare --beam` (add apache-beam[gcp]
+    #                                  to run it on Dataflow)
     install_requires=["pyyaml"] + _job_requires(),
     extras_require={
         "cpu": _by_python(["tensorflow-cpu==2.15.*", "tensorflow-estimator==2.15.*", "numpy<2"],
@@ -107,6 +109,10 @@ setup(
         # image needs to track to a server (the Dockerfile installs it).
         "mlflow-client": ['mlflow-skinny>=3.1,<4; python_version >= "3.10"',
                           'mlflow-skinny==3.1.4; python_version < "3.10"'],
+        # `prepare --beam`: Apache Beam's Python SDK; 2.77 needs Python 3.10+, and
+        # 2.69 is the last release for 3.9.
+        "beam": ['apache-beam[tfrecord]>=2.77,<3; python_version >= "3.10"',
+                 'apache-beam[tfrecord]==2.69.*; python_version < "3.10"'],
         # The benchmarks' PNG plots (python -m benchmarks, from a checkout), and
         # keras-tuner, the peer of the tuning table.
         "bench": ["matplotlib", "keras-tuner[bayesian]"],

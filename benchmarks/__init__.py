@@ -11,6 +11,8 @@ Tables (Fashion-MNIST, batch 128 unless said):
   real input_fn vs an in-memory synthetic one;
 - ``writing`` (:mod:`benchmarks.writing_table`): writing records, examples/s, MB/s
   and peak memory;
+- ``beam`` (:mod:`benchmarks.beam_table`, the beam extra): ``prepare images`` by the
+  built-in writer and by Apache Beam's local runner, images/s and peak memory;
 - ``keras`` (:mod:`benchmarks.keras_table`, TensorFlow 2.16+ with tf-keras): the
   keras engine vs plain tf-keras and Keras 3 ``fit`` on numpy;
 - ``accuracy`` (:mod:`benchmarks.accuracy_table`, slow): time to 0.91 test

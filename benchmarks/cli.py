@@ -39,6 +39,8 @@ TABLES = {
     "training": ("benchmarks.training_table", "estimator"),
     "inputbound": ("benchmarks.inputbound_table", "estimator"),
     "writing": ("benchmarks.writing_table", "any"),
+    # Needs the beam extra (Apache Beam) in that interpreter.
+    "beam": ("benchmarks.beam_table", "any"),
     "keras": ("benchmarks.keras_table", "keras"),
     "accuracy": ("benchmarks.accuracy_table", "estimator"),
     "shapes": ("benchmarks.shapes_table", "any"),

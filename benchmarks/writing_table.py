@@ -62,7 +62,7 @@ class GeneratedSource:
         return {"image": images, "label": labels}
 
 
-def _peak_rss_mb(kind):
+def peak_rss_mb(kind):
     # ru_maxrss is in kilobytes on Linux.
     return resource.getrusage(kind).ru_maxrss / 1024.0
 
@@ -76,7 +76,7 @@ def child_main(argv=None):
     import tensorflow as tf  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from estimator_keras import records  # pylint: disable=import-outside-toplevel
 
-    baseline = _peak_rss_mb(resource.RUSAGE_SELF)
+    baseline = peak_rss_mb(resource.RUSAGE_SELF)
     start = time.perf_counter()
     if job["kind"] == "generated":
         manifest = records.write_dataset(
@@ -94,20 +94,21 @@ def child_main(argv=None):
     print(json.dumps({
         "seconds": seconds, "examples": examples, "bytes": nbytes,
         "rss_after_import_mb": baseline,
-        "peak_rss_self_mb": _peak_rss_mb(resource.RUSAGE_SELF),
-        "peak_rss_workers_mb": _peak_rss_mb(resource.RUSAGE_CHILDREN),
+        "peak_rss_self_mb": peak_rss_mb(resource.RUSAGE_SELF),
+        "peak_rss_workers_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
         "vm_hwm_mb": output.proc_status_mb("VmHWM")}))
     return 0
 
 
-def run_child(job, timeout=CHILD_TIMEOUT_S):
-    """Runs one write in a child process; returns its result dict (with the
-    child's wall time and peak RSS as seen by os.wait4 added)."""
+def run_child(job, timeout=CHILD_TIMEOUT_S, module="benchmarks.writing_table"):
+    """Runs one write in a child process (``module``'s ``child_main``);
+    returns its result dict (with the child's wall time and peak RSS as seen
+    by os.wait4 added)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(common.HERE),
                                                     env.get("PYTHONPATH")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    code = "import sys; from benchmarks.writing_table import child_main; sys.exit(child_main())"
+    code = f"import sys; from {module} import child_main; sys.exit(child_main())"
     start = time.perf_counter()
     out_path = os.path.join(os.path.dirname(job["out"]),
                             f"child-{os.getpid()}-{time.time_ns()}.json")

@@ -174,6 +174,8 @@ def main(argv=None):
         except UsageError as e:
             parser.error(str(e))
         args.hparams = ",".join(filter(None, (args.hparams, found)))
+    elif extra and args.command == "prepare":
+        args.beam_options = prepare_cmd.beam_options(parser.commands["prepare"], extra)
     elif extra and args.command != "cluster":
         parser.commands[args.command].unrecognized(extra)
     _merge_global_flags(args)

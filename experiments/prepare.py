@@ -43,10 +43,12 @@ def _num_shards(splits, shards):
 
 
 def prepare(name, data_dir, *, source_dir=None, shards=None, num_workers=1,
-            compression=None, force=False, progress=True, max_examples=None):
+            compression=None, force=False, progress=True, max_examples=None, writer=None):
     """Writes dataset ``name`` to ``DATA_DIR/name`` unless already complete.
 
     ``max_examples`` keeps only the first N examples of each split.
+    ``writer`` replaces :func:`estimator_keras.records.write_dataset` (same
+    arguments and result), e.g. with a Beam pipeline.
 
     Returns the dataset directory.
     """
@@ -64,11 +66,10 @@ def prepare(name, data_dir, *, source_dir=None, shards=None, num_workers=1,
         if int(max_examples) < 1:
             raise UsageError(f"--max-examples must be a positive integer; given {max_examples}.")
         splits = {split: Head(source, max_examples) for split, source in splits.items()}
-    records.write_dataset(splits, out, num_shards=_num_shards(splits, shards),
-                          compression=compression, num_workers=num_workers,
-                          progress=progress, name=name, labels=entry.labels,
-                          created={"source": source_dir or "default",
-                                   "max_examples": max_examples})
+    write = writer or records.write_dataset
+    write(splits, out, num_shards=_num_shards(splits, shards), compression=compression,
+          num_workers=num_workers, progress=progress, name=name, labels=entry.labels,
+          created={"source": source_dir or "default", "max_examples": max_examples})
     return out
 
 
@@ -102,7 +103,7 @@ def check_name(name):
 
 
 def import_files(kind, name, data_dir, *, shards=None, num_workers=1, compression=None,
-                 force=False, progress=True, **options):
+                 force=False, progress=True, writer=None, mapper=None, **options):
     """Imports the user's files as dataset ``name`` in ``DATA_DIR/name``.
 
     Args:
@@ -112,7 +113,10 @@ def import_files(kind, name, data_dir, *, shards=None, num_workers=1, compressio
         test_fraction, num_classes, class_names, strict); see
         :mod:`estimator_keras.sources.layouts` and
         :mod:`estimator_keras.sources.tfrecords`.
-      shards, num_workers, compression, force, progress: as for :func:`prepare`.
+      shards, num_workers, compression, force, progress, writer: as for
+        :func:`prepare`.
+      mapper: checks the files instead of worker processes (see
+        :func:`estimator_keras.sources.scan.check_images`).
     """
     if kind not in IMPORTERS:
         raise UsageError(f"unknown importer {kind!r}; expected one of {', '.join(IMPORTERS)}.")
@@ -125,14 +129,15 @@ def import_files(kind, name, data_dir, *, shards=None, num_workers=1, compressio
         if kind == "tfrecords":
             found = tfrecords.tfrecord_splits(
                 options.pop("pattern"), test_pattern=options.pop("test_pattern", None),
-                num_workers=num_workers, progress=progress, cache_dir=cache, **options)
+                num_workers=num_workers, progress=progress, cache_dir=cache, mapper=mapper,
+                **options)
         else:
             source_dir = options.pop("source_dir")
             splits_of = (layouts.image_folder_splits if kind == "images"
                          else layouts.segmentation_folder_splits)
             found = splits_of(source_dir, num_workers=num_workers, progress=progress,
-                              **options)
-        records.write_dataset(
+                              mapper=mapper, **options)
+        (writer or records.write_dataset)(
             found.splits, out, num_shards=_num_shards(found.splits, shards),
             compression=compression, num_workers=num_workers, progress=progress, name=name,
             created={"source": found.origin, "importer": kind,

@@ -8,8 +8,10 @@ writer when it runs.
 """
 
 import argparse
+import functools
 import importlib
 import re
+import tempfile
 
 from estimator_keras import manifest
 from estimator_keras.errors import UsageError
@@ -25,6 +27,10 @@ examples:
   prepare images --source-dir photos/ --name photos --image-size 96x96
   prepare segmentation --source-dir scans/ --name scans
   prepare tfrecords --source 'old/train-*' --name old --label image/class/label
+  prepare images --source-dir photos/ --name photos --beam --num-workers 4
+  prepare images --source-dir gs://B/photos --name photos --data-dir gs://B/data --beam \
+      -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp \
+         --setup_file ./setup.py
 """
 
 
@@ -54,6 +60,12 @@ def add_parser(subparsers):
     p.add_argument("--max-examples", type=int, metavar="N",
                    help="registered datasets: keep only the first N examples of each "
                         "split (quick runs)")
+    p.add_argument("--beam", action="store_true",
+                   help="write with an Apache Beam pipeline (pip install -e '.[beam]'): on "
+                        "this machine with --num-workers processes, or on Dataflow, Flink "
+                        "or Spark with Beam's own options after -- (e.g. -- --runner "
+                        "DataflowRunner --project P --region R --temp_location gs://...)")
+    p.set_defaults(beam_options=[])
 
     own = p.add_argument_group(
         "your own files (images, segmentation, tfrecords)",
@@ -129,11 +141,38 @@ def _refuse(args, flags, what):
                          f"apply to {what}; see `python -m experiments prepare --help`.")
 
 
+def beam_options(parser, extra):
+    """Beam's own options: the arguments after ``--``. Exits 2 naming any
+    other argument ``parser`` does not take."""
+    at = extra.index("--") if "--" in extra else len(extra)
+    if extra[:at]:
+        parser.unrecognized(extra[:at])
+    return extra[at + 1:]
+
+
+def _beam(args):
+    """``prepare --beam``'s writer and file checker, as keyword arguments
+    for :mod:`experiments.prepare`; none without ``--beam``."""
+    options = getattr(args, "beam_options", None) or []
+    if not getattr(args, "beam", False):
+        if options:
+            raise UsageError(f"the options after -- ({' '.join(options)}) are Apache "
+                             f"Beam's, for prepare --beam; add --beam, or drop them.")
+        return {}
+    # Beam loads only here: the CLI without --beam never imports it.
+    runs = importlib.import_module("estimator_keras.sources.beam_runs")
+    write = importlib.import_module("estimator_keras.sources.beam_write")
+    pipeline = runs.pipeline_options(options, args.num_workers)
+    return {"writer": functools.partial(write.write_dataset, options=pipeline),
+            "mapper": runs.BeamMapper(pipeline, tempfile.gettempdir())}
+
+
 def run(args):
     """Runs ``prepare``; prints what was written. Returns the exit status."""
     catalog.check(catalog.load(getattr(args, "modules", None)), getattr(args, "verbose", False))
     prepare = importlib.import_module("experiments.prepare")
     compression = None if args.compression == "none" else "GZIP"
+    beam = _beam(args)
     if args.dataset not in prepare.IMPORTERS:
         if args.dataset not in registry.dataset_names():
             hint = registry.did_you_mean(args.dataset,
@@ -146,7 +185,7 @@ def run(args):
         out = prepare.prepare(args.dataset, data_dir(args), source_dir=args.source_dir,
                               shards=args.shards, num_workers=args.num_workers,
                               compression=compression, force=args.force,
-                              max_examples=args.max_examples)
+                              max_examples=args.max_examples, writer=beam.get("writer"))
         print(f"dataset {args.dataset} ready in {out} ({_counts(manifest.load_manifest(out))})")
         return 0
 
@@ -177,7 +216,7 @@ def run(args):
     options["test_fraction"] = 0.1 if args.test_fraction is None else args.test_fraction
     done = prepare.import_files(kind, args.name, data_dir(args), shards=args.shards,
                                 num_workers=args.num_workers, compression=compression,
-                                force=args.force, **options)
+                                force=args.force, **beam, **options)
     print(f"dataset {args.name} ready in {done.directory} ({_counts(done.manifest)})")
     for line in summary(done):
         print(f"  {line}")

@@ -19,7 +19,9 @@ described in :mod:`estimator_keras.sources.base`. Modules:
   (:func:`image_folder_splits`, :func:`segmentation_folder_splits`);
 - ``tfrecords``: other tools' TFRecord files as train and test sources
   (:func:`tfrecord_splits`, :class:`TFRecordImportSource`);
-- ``shapes``: :class:`ShapesSource`, a generated segmentation set.
+- ``shapes``: :class:`ShapesSource`, a generated segmentation set;
+- ``beam_runs`` and ``beam_write``: ``prepare --beam``, the importers' checks
+  and the writer as Apache Beam pipelines (the beam extra).
 
 The public names are importable from here too
 (``from estimator_keras.sources import IdxSource``). They load on first use,

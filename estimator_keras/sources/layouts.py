@@ -115,7 +115,7 @@ def _check_classes(root, class_names, dirs, labels, when):
 
 
 def image_folder_splits(source_dir, *, image_size=None, channels=None, test_fraction=0.1,
-                        strict=False, num_workers=1, progress=True):
+                        strict=False, num_workers=1, progress=True, mapper=None):
     """Train and test :class:`ImageListSource` of a folder of class folders.
 
     Args:
@@ -130,6 +130,8 @@ def image_folder_splits(source_dir, *, image_size=None, channels=None, test_frac
         first layout, chosen by a hash of each file's path.
       strict: refuse unreadable files instead of skipping them.
       num_workers: processes decoding files in parallel.
+      mapper: runs the decoding instead of worker processes (see
+        :func:`~estimator_keras.sources.scan.check_images`).
 
     Raises:
       DataError: naming the folder, for a missing folder, no class folders,
@@ -162,7 +164,8 @@ def image_folder_splits(source_dir, *, image_size=None, channels=None, test_frac
     entries = [(s, rel, label) for s, (files, labels, _) in listed.items()
                for rel, label in zip(files, labels)]
     results = check_images([io.join(dirs[s], rel) for s, rel, _ in entries], "image",
-                           num_workers, progress, f"checking {len(entries)} images in {root}")
+                           num_workers, progress, f"checking {len(entries)} images in {root}",
+                           mapper)
     prefix = "{}/" if layout else ""
     skipped.extend(Skipped(prefix.format(s) + rel, r)
                    for (s, rel, _), r in zip(entries, results) if isinstance(r, str))
@@ -207,7 +210,7 @@ def _check_test_split(source, root):
 
 def segmentation_folder_splits(source_dir, *, image_size=None, channels=None,
                                test_fraction=0.1, strict=False, num_workers=1,
-                               progress=True):
+                               progress=True, mapper=None):
     """Train and test :class:`SegmentationPairsSource` of image / mask folders.
 
     ``DIR/images/*`` pair with ``DIR/masks/*`` by file stem (the test split
@@ -243,9 +246,9 @@ def segmentation_folder_splits(source_dir, *, image_size=None, channels=None,
     image_paths = [io.join(dirs[s], "images", name) for s, _, name, _ in entries]
     mask_paths = [io.join(dirs[s], "masks", name) for s, _, _, name in entries]
     image_results = check_images(image_paths, "image", num_workers, progress,
-                                 f"checking {len(image_paths)} images")
+                                 f"checking {len(image_paths)} images", mapper)
     mask_results = check_images(mask_paths, "mask", num_workers, progress,
-                                f"checking {len(mask_paths)} masks")
+                                f"checking {len(mask_paths)} masks", mapper)
     kept = []
     for entry, ipath, iresult, mpath, mresult in zip(
             entries, image_paths, image_results, mask_paths, mask_results):

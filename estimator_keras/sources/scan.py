@@ -143,13 +143,18 @@ def _check_one(kind, path):
     return info, int(mask_ids(data, info.depth, path).max(initial=0))
 
 
-def check_images(paths, kind="image", num_workers=1, progress=True, label="checking"):
+def check_images(paths, kind="image", num_workers=1, progress=True, label="checking",
+                 mapper=None):
     """Decodes every file once; for each path its ImageInfo (for ``kind``
     "mask": (ImageInfo, largest class id)) or, when unreadable, a str saying
-    why. Masks that are readable but not grayscale PNGs are a DataError."""
+    why. Masks that are readable but not grayscale PNGs are a DataError.
+
+    ``mapper`` runs the checks instead of :func:`parallel_map` (same
+    arguments and result), e.g. as a Beam pipeline."""
     jobs = [(kind, paths[i:i + _CHUNK]) for i in range(0, len(paths), _CHUNK)]
     bar = Progress(label, len(paths), "files", progress)
-    chunks = parallel_map(_check_chunk, jobs, num_workers, lambda part: bar.add(len(part)))
+    chunks = (mapper or parallel_map)(_check_chunk, jobs, num_workers,
+                                      lambda part: bar.add(len(part)))
     return [result for chunk in chunks for result in chunk]
 
 

@@ -439,20 +439,19 @@ def _record_files(pattern, what):
     return files
 
 
-def _scan_glob(files, pattern, columns, label, cache_dir, num_workers, progress):
+def _scan_glob(files, pattern, columns, label, cache_dir, num_workers, progress, mapper):
     text_key = label[:-len("label")] + "text" if label.endswith("/label") else None
     locals_ = [local_copy(f, cache_dir) for f in files]
     bar = Progress(f"checking the records of {len(files)} file{'s' * (len(files) > 1)} "
                    f"({pattern})", len(files), "files", progress)
-    scans = parallel_map(_scan_file, [(io.basename(f), l, columns, label, text_key)
-                                      for f, l in zip(files, locals_)],
-                         num_workers, lambda _: bar.add(1))
+    jobs = [(io.basename(f), l, columns, label, text_key) for f, l in zip(files, locals_)]
+    scans = (mapper or parallel_map)(_scan_file, jobs, num_workers, lambda _: bar.add(1))
     return files, locals_, scans
 
 
 def tfrecord_splits(pattern, *, features=None, label=None, image_size=None, channels=None,
                     test_fraction=0.1, test_pattern=None, num_classes=None, class_names=None,
-                    strict=False, num_workers=1, progress=True, cache_dir=None):
+                    strict=False, num_workers=1, progress=True, cache_dir=None, mapper=None):
     """Train and test :class:`TFRecordImportSource` of other tools' records.
 
     Args:
@@ -471,6 +470,8 @@ def tfrecord_splits(pattern, *, features=None, label=None, image_size=None, chan
         name every class.
       strict: refuse unreadable records instead of skipping them.
       cache_dir: where ``.gz`` files are decompressed.
+      mapper: reads the files instead of worker processes (see
+        :func:`~estimator_keras.sources.scan.check_images`).
     """
     image_size = image_size_arg(image_size)
     chosen_channels = None if channels is None else channels_arg(channels)
@@ -484,7 +485,8 @@ def tfrecord_splits(pattern, *, features=None, label=None, image_size=None, chan
     columns, label = detect_columns(first_features(first, compression_of(first)),
                                     features, label)
     found = {s: _scan_glob(files, test_pattern if s == "test" else pattern, columns, label,
-                           cache_dir, num_workers, progress) for s, files in globs.items()}
+                           cache_dir, num_workers, progress, mapper)
+             for s, files in globs.items()}
     every = [scan for _, _, scans in found.values() for scan in scans]
     skipped = [entry for scan in every for entry in scan.skipped]
     num_skipped = sum(scan.num_skipped for scan in every)
