@@ -66,7 +66,8 @@ def child_main(argv=None):
     extra = {}
     if job["beam"]:
         import functools  # pylint: disable=import-outside-toplevel
-        from estimator_keras.sources import beam_runs, beam_write  # pylint: disable=import-outside-toplevel
+        from estimator_keras import beam_write  # pylint: disable=import-outside-toplevel
+        from estimator_keras.sources import beam_runs  # pylint: disable=import-outside-toplevel
         beam_runs.import_beam()
         options = beam_runs.pipeline_options([], job["workers"])
         extra = {"writer": functools.partial(beam_write.write_dataset, options=options),

@@ -161,7 +161,7 @@ def _beam(args):
         return {}
     # Beam loads only here: the CLI without --beam never imports it.
     runs = importlib.import_module("estimator_keras.sources.beam_runs")
-    write = importlib.import_module("estimator_keras.sources.beam_write")
+    write = importlib.import_module("estimator_keras.beam_write")
     pipeline = runs.pipeline_options(options, args.num_workers)
     return {"writer": functools.partial(write.write_dataset, options=pipeline),
             "mapper": runs.BeamMapper(pipeline, tempfile.gettempdir())}

@@ -20,8 +20,9 @@ described in :mod:`estimator_keras.sources.base`. Modules:
 - ``tfrecords``: other tools' TFRecord files as train and test sources
   (:func:`tfrecord_splits`, :class:`TFRecordImportSource`);
 - ``shapes``: :class:`ShapesSource`, a generated segmentation set;
-- ``beam_runs`` and ``beam_write``: ``prepare --beam``, the importers' checks
-  and the writer as Apache Beam pipelines (the beam extra).
+- ``beam_runs``: ``prepare --beam``'s Beam options and the importers' checks
+  as an Apache Beam pipeline (the beam extra; the writer is
+  :mod:`estimator_keras.beam_write`).
 
 The public names are importable from here too
 (``from estimator_keras.sources import IdxSource``). They load on first use,

@@ -6,7 +6,7 @@ options given after ``--`` into :class:`PipelineOptions`: without
 local runner tries Prism first, which downloads a binary on first use).
 :class:`BeamMapper` is the importers' first pass (decoding every file once)
 as a pipeline whose results come back in order. The writer is
-:mod:`estimator_keras.sources.beam_write`.
+:mod:`estimator_keras.beam_write`.
 
 Apache Beam is imported here, so only ``prepare --beam`` loads it.
 """
