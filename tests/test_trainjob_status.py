@@ -335,8 +335,11 @@ def test_a_rewritten_token_file_is_read_again(sdk_window, server, reporters, mon
     assert {r["token"] for r in after if r["code"] == 403} == {old}
     assert server.status["progressPercentage"] == 20
     # The refusals of the old token: one warning, and a line when it passed.
+    # The reporter's thread says so once the accepted response is back: wait for it.
+    again = "progress reaches TrainJob ml/tiny's status again"
+    assert server.wait_for(lambda: reporters.lines and reporters.lines[-1] == again, 10), \
+        reporters.lines
     assert len(reporters.warnings) == 1 and "HTTP 403" in reporters.warnings[0]
-    assert reporters.lines[-1] == "progress reaches TrainJob ml/tiny's status again"
 
 
 def test_a_preempted_run_reports_the_step_it_reached(sdk_window, server, reporters):
