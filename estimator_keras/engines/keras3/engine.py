@@ -375,6 +375,7 @@ def _fit(plan):
     evaluations = Evaluations(plan, saved, start, group)
     steps = TrainingSteps(plan, meter, lambda: evaluations.saved, model, start)
     every = plan.eval_every_steps
+    train_data = _train_data(plan, model, step)
     fit = dict(validation_data=_eval_data(plan, model),
                callbacks=[steps, evaluations], shuffle=False, verbose=0)
     try:
@@ -382,12 +383,12 @@ def _fit(plan):
             if step % every:
                 # Back onto multiples of eval_every_steps (after a preemption):
                 # one short epoch first.
-                model.fit(_train_data(plan, model, step), epochs=1, **fit,
+                model.fit(train_data, epochs=1, **fit,
                           steps_per_epoch=min(every - step % every, plan.max_steps - step))
                 step = _step(model, start)
+                train_data = _train_data(plan, model, step)
             if step < plan.max_steps and not evaluations.stopped:
-                model.fit(_train_data(plan, model, step),
-                          epochs=math.ceil(plan.max_steps / every),
+                model.fit(train_data, epochs=math.ceil(plan.max_steps / every),
                           initial_epoch=step // every, steps_per_epoch=every, **fit)
     finally:
         evaluations.close()
