@@ -110,9 +110,10 @@ setup(
         "mlflow-client": ['mlflow-skinny>=3.1,<4; python_version >= "3.10"',
                           'mlflow-skinny==3.1.4; python_version < "3.10"'],
         # `prepare --beam`: Apache Beam's Python SDK; 2.77 needs Python 3.10+, and
-        # 2.69 is the last release for 3.9.
+        # 2.69 is the last release for 3.9. The TFRecord sink's CRC (crcmod) is an
+        # extra from 2.70 on; 2.69 has no such extra and installs crcmod itself.
         "beam": ['apache-beam[tfrecord]>=2.77,<3; python_version >= "3.10"',
-                 'apache-beam[tfrecord]==2.69.*; python_version < "3.10"'],
+                 'apache-beam==2.69.*; python_version < "3.10"'],
         # The benchmarks' PNG plots (python -m benchmarks, from a checkout), and
         # keras-tuner, the peer of the tuning table.
         "bench": ["matplotlib", "keras-tuner[bayesian]"],

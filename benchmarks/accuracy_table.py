@@ -202,7 +202,7 @@ def run_runs(path, settings, names, steps, eval_fraction, learning_rate):
     children, state = [], {}
     for spec in specs:
         state[spec["name"]] = {"spec": spec, "evals": [], "pauses": [], "done": None,
-                               "error": None}
+                               "error": None, "turns_s": []}
         python = _python(spec, settings)
         if not python:
             state[spec["name"]]["error"] = "needs a TensorFlow 2.16+ interpreter: --python-keras"
@@ -221,8 +221,10 @@ def run_runs(path, settings, names, steps, eval_fraction, learning_rate):
         k = round_no % len(live)
         for child in live[k:] + live[:k]:
             record = state[child.name]
+            started = time.perf_counter()
             try:
                 events = child.turn()
+                record["turns_s"].append(time.perf_counter() - started)
             except turns.ChildError as e:
                 record["error"] = str(e)[-500:]
                 child.finished = True
@@ -243,6 +245,18 @@ def run_runs(path, settings, names, steps, eval_fraction, learning_rate):
     return [_run_row(state[spec["name"]]) for spec in specs]
 
 
+def stalled(rows):
+    """One line per stalled turn of ``rows`` (see :func:`output.stalled_turns`)."""
+    lines = []
+    for row in rows:
+        times = row.get("turns_s") or []
+        for k in row.get("stalled_turns") or []:
+            lines.append(f"{row['name']}: turn {k + 1} of {len(times)} took {times[k]:.1f} s, "
+                         f"over twice the median of its turns "
+                         f"({common.median(times):.1f} s)")
+    return lines
+
+
 def _run_row(record):
     spec, evals, done = record["spec"], record["evals"], record["done"] or {}
     first = next((e for e in evals if e["accuracy"] >= TARGET_ACCURACY), None)
@@ -258,7 +272,8 @@ def _run_row(record):
            "precision": done.get("precision") or spec.get("precision", "float32"),
            "curve": [{"step": e["step"], "active_s": e["active_s"], "accuracy": e["accuracy"],
                       "loss": e.get("loss")} for e in evals],
-           "pauses": record["pauses"],
+           "pauses": record["pauses"], "turns_s": record["turns_s"],
+           "stalled_turns": output.stalled_turns(record["turns_s"]),
            "versions": {k: done.get(k) for k in ("tensorflow", "keras", "engine", "model_module")}}
     steps_done = done.get("step")
     if steps_done and done.get("active_s"):
@@ -372,6 +387,7 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
     for row in rows:
         row["ratio"] = common.ratio(row["t091_s"], ref and ref["t091_s"])
     return {"table": TABLE, "title": TITLE, "unit": "", "rows": rows, "knobs": knob_rows,
+            "stalled": stalled(rows),
             "columns": ["name", "final_accuracy", "best_accuracy", "t091_s", "ratio",
                         "step_091", "wall_s", "steps", "evaluations", "eval_every",
                         "batch_size", "precision"],

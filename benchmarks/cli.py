@@ -55,10 +55,11 @@ TABLES = {
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 # Tables run --rounds times: their targets are ratios of rates measured side by
-# side. Not the accuracy and recipe tables (whole training runs, half an hour
-# a round) nor the cluster table (its ratios are information about one shared
-# machine).
-ROUND_TABLES = ("input", "training", "inputbound", "keras", "cadence", "embedding")
+# side, or (recipe) of whole runs taking turns; the cluster table's ratios are
+# information about one shared machine, which one round cannot show. Not the
+# accuracy table (whole training runs of every way, hours a round).
+ROUND_TABLES = ("input", "training", "inputbound", "keras", "cadence", "embedding", "recipe",
+                "cluster")
 DEFAULT_ROUNDS = 3
 # Per-table bound on a child process, seconds (accuracy and shapes train for long).
 CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600, "recipe": 2 * 3600,

@@ -115,7 +115,7 @@ def run(settings, batches=None, steps=None):
     not_measured = None if jax else common.no_jax_reason(settings)
     ways = [w for w in WAYS if jax or w[0] != "jax"]
     load_start = output.load_average()
-    rows, targets, jax_notes = [], [], []
+    rows, targets, jax_notes, stalls = [], [], [], []
     for batch in batches:
         samples = {(b, w): [] for b, w, _ in WAYS}
         errors = {}
@@ -132,6 +132,11 @@ def run(settings, batches=None, steps=None):
         by_way = {(b, w): _row(batch, label, w, samples[b, w], errors.get((b, w)),
                                not_measured if b == "jax" else None)
                   for b, w, label in WAYS}
+        for row, runs in ((by_way[b, w], samples[b, w]) for b, w, _ in WAYS):
+            seconds = [r["seconds"] for r in runs]
+            stalls += [f"{row['name']}: run {k + 1} of {len(seconds)} took {seconds[k]:.1f} s, "
+                       f"over twice the median of its runs ({common.median(seconds):.1f} s)"
+                       for k in output.stalled_turns(seconds)]
         rows.extend(by_way[way] for way in (("tf", 0), ("tf", 1), ("jax", 0), ("jax", 1)))
         value = _pair_ratio(by_way["tf", 0], by_way["tf", 1])
         targets.append(common.target(
@@ -150,6 +155,7 @@ def run(settings, batches=None, steps=None):
                 f"core(s), which the two processes share" if jax else
                 f"keras3 on JAX rows: not measured: {not_measured}")
     return {"table": TABLE, "title": TITLE, "unit": "examples/s", "rows": rows,
+            "stalled": stalls,
             "columns": ["name", "median", "min", "max", "ratio", "steps_per_s"],
             "targets": targets, "steps": steps, "dataset": path, "load_before": load_start,
             "load_after": output.load_average(), "python_jax": jax,

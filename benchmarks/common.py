@@ -472,16 +472,20 @@ def target(tid, description, value, threshold, op=">=", why=None, rounds=None):
         # The shortfall of the round furthest on the wrong side.
         numbers = [v for _, v in missed if v is not None and v == v]
         worst = value if not numbers else (min(numbers) if op == ">=" else max(numbers))
-        off = (f" ({'the worst ' if len(numbers) > 1 else ''}"
-               f"{abs(worst - threshold) / abs(threshold):.1%} {word})" if threshold
-               and worst is not None and worst == worst else "")
+        gap = (abs(worst - threshold) / abs(threshold)
+               if threshold and worst is not None and worst == worst else None)
+        # Below a tenth of a percent, "0.0% short" would read as no miss at all.
+        share = None if not gap else (f"{gap:.1%}" if gap >= 0.001 else f"{gap * 100:.2g}%")
+        off = f" ({'the worst ' if len(numbers) > 1 else ''}{share} {word})" if share else ""
         if missed:
-            which = ", ".join(f"round {k}: {fmt_value(v) if v is not None else 'unmeasured'}"
+            which = ", ".join(f"round {k}: "
+                              f"{fmt_value(v, threshold, op) if v is not None else 'unmeasured'}"
                               for k, v in missed)
             head = (f"{len(missed)} of {len(rounds)} rounds miss ({which}), needs {op} "
                     f"{fmt_value(threshold)}{off}")
         else:
-            head = f"measured {fmt_value(value)}, needs {op} {fmt_value(threshold)}{off}"
+            head = (f"measured {fmt_value(value, threshold, op)}, needs {op} "
+                    f"{fmt_value(threshold)}{off}")
         row["why"] = head + (f"; {why}" if why else "")
     return row
 

@@ -20,7 +20,8 @@ the keras engine is the only engine. For the seed MLP and the seed CNN
   of ten passes pays it once), and after it the run's end, where the
   engines' last calls stop exactly at ``max_steps``. The warm-up run that
   sizes n is such a run too, so n comes from the steady rate. A checkpoint
-  and a one-batch evaluation the cadence puts inside are in;
+  and an evaluation the cadence puts inside are in, the evaluation as
+  ``train`` runs it: the whole test split;
 - ``engine Model.fit(make_dataset)``: the same compiled model (the
   engine's steps per call) and pipeline in a bare ``Model.fit``: what the
   engine's callbacks cost;
@@ -208,7 +209,7 @@ def engine_window(engine, model_name, path, batch_size, steps, model_dir):
     shutil.rmtree(model_dir, ignore_errors=True)
     plan = context.experiment_plan(exp, config, policy=experiment_policy(model_name),
                                    model_dir=model_dir,
-                                   train_data=train_fn, eval_data=eval_fn, eval_steps=1,
+                                   train_data=train_fn, eval_data=eval_fn,
                                    hooks=base.TrainingHooks(log=log))
     try:
         engine.train(plan)

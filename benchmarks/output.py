@@ -5,20 +5,55 @@ import datetime
 import json
 import os
 import platform
+import statistics
 
 from estimator_keras import io
 
 
-def format_spread(spread):
-    """"min / median / max" of a target's rounds, or "-"."""
-    return " / ".join(fmt_value(v) for v in spread) if spread else "-"
+def format_spread(spread, threshold=None, op=None):
+    """"min / median / max" of a target's rounds, or "-"; each figure quoted
+    as :func:`fmt_value` quotes it against the target's threshold."""
+    return " / ".join(fmt_value(v, threshold, op) for v in spread) if spread else "-"
 
 
-def fmt_value(value):
-    """A target's value: 3 significant digits below 100, thousands separators above."""
+def fmt_value(value, threshold=None, op=None):
+    """A target's value: 3 significant digits below 100, thousands separators
+    above; against a ``threshold``, as many more digits as it takes for the
+    quoted figure to stand on the same side of it as the value itself (0.97988
+    against >= 0.98 is quoted 0.9799, never 0.98)."""
     if value is None:
         return "-"
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    for digits in range(3, 10):
+        quoted = f"{value:.{digits}g}"
+        if threshold is None or _side(float(quoted), threshold, op) == \
+                _side(value, threshold, op):
+            return quoted
+    return repr(value)
+
+
+def _side(value, threshold, op):
+    """Whether ``value op threshold`` holds, and whether it is the threshold."""
+    holds = {">=": value >= threshold, "<": value < threshold, "<=": value <= threshold,
+             None: value >= threshold}[op]
+    return holds, value == threshold
+
+
+def fmt_ratio(value):
+    """A ratio cell: 4 significant digits and an x (0.9799x, 1.015x, 1.000x)."""
+    return "-" if value is None else f"{value:#.4g}x"
+
+
+def stalled_turns(durations, factor=2.0):
+    """The indices of ``durations`` (seconds of one run's turns, or of one
+    way's runs) over ``factor`` times their median: a turn the machine
+    stalled, which the round's figures then carry. Needs three or more."""
+    values = [d for d in durations if d is not None]
+    if len(values) < 3:
+        return []
+    middle = statistics.median(values)
+    return [k for k, d in enumerate(durations) if d is not None and d > factor * middle]
 
 
 def machine_info():
@@ -129,7 +164,7 @@ def format_table(result):
             for c in columns:
                 v = row.get(c)
                 if c in ("ratio", "ratio_best") and v is not None:
-                    cells.append(f"{v:.2f}x")
+                    cells.append(fmt_ratio(v))
                 elif isinstance(v, float):
                     cells.append(fmt(v, 4) if abs(v) < 1 else fmt(v))
                 elif v is None:
@@ -149,13 +184,15 @@ def format_table(result):
                 lines.append("  ".join("-" * w for w in widths))
     for t in result.get("targets", []):
         state = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
-        value = "-" if t["value"] is None else (f"{t['value']:.3f}" if abs(t["value"]) < 100
-                                                else f"{t['value']:,.0f}")
+        value = fmt_value(t["value"], t["threshold"], t["op"])
         rounds = (f" [{len(t['rounds'])} rounds, min / median / max "
-                  f"{format_spread(t.get('spread'))}]" if t.get("rounds") else "")
+                  f"{format_spread(t.get('spread'), t['threshold'], t['op'])}]"
+                  if t.get("rounds") else "")
         lines.append(f"  target {t['id']}: {t['description']}: {value}{rounds} "
                      f"(need {t['op']} {t['threshold']}) {state}"
                      + (f": {t['why']}" if t.get("why") else ""))
+    for stall in result.get("stalled", []):
+        lines.append(f"  STALLED: {stall}")
     for note in result.get("notes", []):
         lines.append(f"  note: {note}")
     return "\n".join(lines)

@@ -93,6 +93,7 @@ def run(settings):
             "steps_per_execution", "engine's" if row["name"].startswith("project") else 1)
     pairs = pair_rows(rows)
     return {"table": TABLE, "title": TITLE, "unit": "s", "rows": rows, "pairs": pairs,
+            "stalled": accuracy_table.stalled(rows),
             "columns": ["name", "precision", "steps_per_execution", "wall_s",
                         "steps_per_wall_s", "t091_s", "step_091", "final_accuracy",
                         "evaluations"],

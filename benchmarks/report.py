@@ -15,7 +15,7 @@ met only when every round meets it.
 import json
 import sys
 
-from benchmarks.output import fmt, fmt_value, format_spread
+from benchmarks.output import fmt, fmt_ratio, fmt_value, format_spread
 
 RATIO_COLUMNS = ("ratio", "ratio_best")
 STATE = {True: "**met**", False: "**not met**", None: "n/a"}
@@ -23,9 +23,9 @@ STATE = {True: "**met**", False: "**not met**", None: "n/a"}
 
 def _cell(column, value):
     if column in RATIO_COLUMNS and isinstance(value, (int, float)):
-        return f"{value:.2f}x"
+        return fmt_ratio(value)
     if column == "ratio_rounds" and isinstance(value, list):
-        return ", ".join("-" if v is None else f"{v:.2f}x" for v in value)
+        return ", ".join(fmt_ratio(v) for v in value)
     if isinstance(value, float) and abs(value) < 1:
         return f"{value:.4f}"
     return fmt(value) if isinstance(value, float) or value is None else str(value)
@@ -54,10 +54,10 @@ def targets_markdown(targets, table=None, spread=None):
              "| " + ("--- | " if table else "") + "--- | --- | " + ("--- | " if spread else "")
              + "--- | --- | --- |"]
     for t in targets:
-        rounds = (f"{format_spread(t.get('spread'))} ({len(t['rounds'])})"
-                  if t.get("rounds") else "-")
+        rounds = (f"{format_spread(t.get('spread'), t['threshold'], t['op'])} "
+                  f"({len(t['rounds'])})" if t.get("rounds") else "-")
         lines.append("| " + (f"{table} | " if table else "") +
-                     f"{t['description']} | {fmt_value(t['value'])} | "
+                     f"{t['description']} | {fmt_value(t['value'], t['threshold'], t['op'])} | "
                      + (f"{rounds} | " if spread else "") +
                      f"{t['op']} {t['threshold']} | {STATE[t['met']]} | {t.get('why', '')} |")
     return lines
@@ -82,6 +82,9 @@ def table_markdown(result):
             lines.append(f"| {m['name']} | {rss or m.get('error', '')} | "
                          f"{fmt_value(m.get('growth'))} | {fmt(m.get('cache_mb'))} | "
                          f"{fmt(m.get('cache_estimate_mb'))} |")
+    if result.get("stalled"):
+        lines += ["", "**Stalled** (a turn over twice its run's median; the round's figures "
+                      "carry it):", ""] + [f"- {stall}" for stall in result["stalled"]]
     if result.get("targets"):
         lines += [""] + targets_markdown(result["targets"])
     return "\n".join(lines)

@@ -11,8 +11,11 @@ only when every round meets it (:func:`benchmarks.common.target` with
 
 from benchmarks import common
 
-# Row fields that are one number per round, merged as the median of the rounds.
-RATIO_FIELDS = ("ratio", "ratio_of_medians", "ratio_best")
+# Row fields that are one number per round, merged as the median of the rounds
+# (each round's kept in FIELD_rounds): ratios, and the recipe table's whole runs
+# and their pairs.
+RATIO_FIELDS = ("ratio", "ratio_of_medians", "ratio_best", "wall_s", "t091_s",
+                "steps_per_wall_s", "wall_ratio", "t091_ratio")
 
 
 def merge(results):
@@ -32,9 +35,18 @@ def merge(results):
     merged["rows"] = [_merge_row(row, [_find(r.get("rows", []), "name", row["name"])
                                        for r in results])
                       for row in done[0].get("rows", [])]
+    if done[0].get("pairs"):
+        merged["pairs"] = [_merge_row(pair, [_find(r.get("pairs", []), "name", pair["name"])
+                                             for r in results])
+                           for pair in done[0]["pairs"]]
     merged["targets"] = [_merge_target(t, [_find(r.get("targets", []), "id", t["id"])
                                            for r in results])
                          for t in done[0].get("targets", [])]
+    stalled = [f"round {k}: {line}" for k, r in enumerate(results, 1)
+               for line in r.get("stalled") or []]
+    merged["stalled"] = stalled
+    merged["stalled_rounds"] = sorted({k for k, r in enumerate(results, 1)
+                                       if r.get("stalled")})
     if done[0].get("memory"):
         merged["memory_rounds"] = [r.get("memory") for r in done]
     merged["notes"] = list(done[0].get("notes", [])) + [

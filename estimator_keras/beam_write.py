@@ -8,8 +8,11 @@ built-in writer's, in other shards. Each split's examples go out in
 interleaved chunks (chunk ``k`` holds examples ``k, k + K, k + 2K, ...``, in
 a seeded order), so every shard mixes the whole split, as the built-in
 writer's shuffle does; Beam's TFRecord sink decides which shard holds which
-chunk. The manifest is written last, once, from the pipeline's counters:
-per shard, the records counted in the written file.
+chunk. The shards are written under the dataset's ``.incomplete/`` folder
+and moved into place only once every split is whole, so a failed pipeline
+leaves the dataset that was there (``prepare --force``) as it was. The
+manifest is written last, once, from the pipeline's counters: per shard, the
+records counted in the written file.
 """
 
 import datetime
@@ -21,8 +24,8 @@ from estimator_keras import io
 from estimator_keras import schema as schema_lib
 from estimator_keras.errors import DataError, SchemaError, UsageError
 from estimator_keras.manifest import (
-    SHARD_RE, SPLIT_RE, Manifest, Shard, Split, check_compression, check_labels,
-    manifest_path, shard_files_in, write_manifest)
+    INCOMPLETE_DIR, SHARD_RE, SPLIT_RE, Manifest, Shard, Split, check_compression,
+    check_labels, manifest_path, shard_files_in, write_manifest)
 from estimator_keras.sources.beam_runs import (
     NAMESPACE, import_beam, run, runner_name, stage, staged, temp_dir)
 
@@ -82,6 +85,25 @@ def _counters(result):
     return found
 
 
+def _written(splits, staging, shards, counts, output_dir):
+    """{split: Split} of the shards in ``staging``, checked against the
+    sources and the pipeline's counters; DataError when they disagree."""
+    written = {}
+    for split, source in splits.items():
+        files = sorted(f for f in shard_files_in(staging)
+                       if SHARD_RE.match(f).group("split") == split)
+        written[split] = Split([Shard(f, counts.get(f"shard/{f}", 0),
+                                      io.size(io.join(staging, f))) for f in files])
+        found = (written[split].num_examples, counts.get(f"examples/{split}", 0))
+        if found != (len(source), len(source)) or len(files) != shards[split]:
+            raise DataError(
+                f"split {split!r} of {output_dir}: the pipeline encoded {found[1]} examples "
+                f"and its {len(files)} shard(s) hold {found[0]} records; the source holds "
+                f"{len(source)} in {shards[split]} shard(s). The dataset that was there is "
+                f"left as it was.")
+    return written
+
+
 def write_dataset(splits, output_dir, *, options, num_shards, compression=None, seed=0,
                   progress=True, name="", created=None, labels=None, num_workers=None,
                   scratch=None):
@@ -92,8 +114,9 @@ def write_dataset(splits, output_dir, *, options, num_shards, compression=None, 
     or a dict split -> int; ``num_workers`` is the options' business. The
     sources travel to the workers pickled in a temporary folder (under
     ``--temp_location``, else ``scratch`` or the system's). The
-    directory's old shards and manifest are removed first: unlike the
-    built-in writer, this one does not keep splits it does not write.
+    directory's old shards and manifest stay until the new shards are
+    complete and counted, then are replaced: unlike the built-in writer, this
+    one does not keep splits it does not write.
 
     Returns:
       The :class:`~estimator_keras.manifest.Manifest` written.
@@ -110,9 +133,9 @@ def write_dataset(splits, output_dir, *, options, num_shards, compression=None, 
     shards = {s: num_shards.get(s, 1) if isinstance(num_shards, dict) else int(num_shards)
               for s in splits}
     io.makedirs(output_dir)
-    io.remove(manifest_path(output_dir))
-    for stale in shard_files_in(output_dir):
-        io.remove(io.join(output_dir, stale))
+    staging = io.join(output_dir, INCOMPLETE_DIR)
+    io.rmtree(staging)
+    io.makedirs(staging)
     suffix = ".tfrecord.gz" if compression == "GZIP" else ".tfrecord"
     kind = (beam.io.filesystem.CompressionTypes.GZIP if compression
             else beam.io.filesystem.CompressionTypes.UNCOMPRESSED)
@@ -129,28 +152,29 @@ def write_dataset(splits, output_dir, *, options, num_shards, compression=None, 
                  _encode_chunk, stage(source, io.join(folder, f"{split}.pickle")), schema,
                  split, chunks, seed)
              | f"{split}/write" >> beam.io.WriteToTFRecord(
-                 io.join(output_dir, split), file_name_suffix=suffix,
+                 io.join(staging, split), file_name_suffix=suffix,
                  num_shards=shards[split], shard_name_template="-SSSSS-of-NNNNN",
                  compression_type=kind)
              | f"{split}/count" >> beam.Map(_count_shard, compression))
     try:
-        counts = _counters(run(pipeline, options, f"writing {output_dir} (no manifest was "
-                                                  f"written)"))
+        counts = _counters(run(pipeline, options, f"writing {output_dir} (the dataset that "
+                                                  f"was there is left as it was)"))
+        written = _written(splits, staging, shards, counts, output_dir)
+    except Exception:
+        io.rmtree(staging)
+        raise
     finally:
         io.rmtree(folder)
 
-    written = {}
-    for split, source in splits.items():
-        files = sorted(f for f in shard_files_in(output_dir)
-                       if SHARD_RE.match(f).group("split") == split)
-        written[split] = Split([Shard(f, counts.get(f"shard/{f}", 0),
-                                      io.size(io.join(output_dir, f))) for f in files])
-        found = (written[split].num_examples, counts.get(f"examples/{split}", 0))
-        if found != (len(source), len(source)) or len(files) != shards[split]:
-            raise DataError(
-                f"split {split!r} of {output_dir}: the pipeline encoded {found[1]} examples "
-                f"and its {len(files)} shard(s) hold {found[0]} records; the source holds "
-                f"{len(source)} in {shards[split]} shard(s). No manifest was written.")
+    # The old dataset stays readable up to here; its manifest goes first, as it
+    # would vouch for shards about to be replaced.
+    io.remove(manifest_path(output_dir))
+    for stale in shard_files_in(output_dir):
+        io.remove(io.join(output_dir, stale))
+    for split in written.values():
+        for shard in split.shards:
+            io.rename(io.join(staging, shard.file), io.join(output_dir, shard.file))
+    io.rmtree(staging)
     manifest = Manifest(
         directory=output_dir, schema=schema, splits=written, compression=compression,
         name=name,

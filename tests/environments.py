@@ -1,7 +1,9 @@
 """What each tox environment runs, and the only cases it may skip.
 
-CI runs tox's envlist (py311, keras, py313, in that order: tests that move
-weights between engines start the envs' interpreters built before theirs). Each environment runs the test
+CI runs tox's envlist (py311, keras, py313, extras, in that order: tests that
+move weights between engines start the envs' interpreters built before
+theirs, and extras checks that the envs together run every case, by
+collecting each env's cases in its own interpreter). Each environment runs the test
 modules listed for it, the keras3 engine on the backends listed for it, and
 tests the CLI's guarantees on the ``engines`` listed for it (see
 :func:`engines_under_test`), and may skip exactly the cases in its ``skips``: a case that cannot run there
@@ -149,9 +151,8 @@ ENVIRONMENTS = {
             "test_three_pods_given_a_trainjobs_environment_train_as_one_cluster[[]keras3[]]")},
     ),
     "py313": Environment(
-        "Python 3.13 with '.[cpu]' and the test tools, as the Quickstart installs it (and "
-        "MLflow, for the tracking page): TensorFlow 2.21 and Keras 3, the keras3 engine on "
-        "TensorFlow, the data layer",
+        "Python 3.13 with exactly '.[cpu]' and the test tools, as the Quickstart installs it: "
+        "TensorFlow 2.21 and Keras 3, the keras3 engine on TensorFlow, the data layer",
         modules=(
             # The Quickstart's path: every engine-facing guarantee, example and
             # command on the keras3 engine, and the data layer on TensorFlow 2.21.
@@ -175,6 +176,9 @@ ENVIRONMENTS = {
             "tests/test_docs.py::test_the_pages_examples_run[[]docs/howto/tuning.md[]]":
                 "the page runs `tune`, which needs the tune extra (Optuna); the Quickstart "
                 "does not install it",
+            "tests/test_docs.py::test_the_pages_examples_run[[]docs/howto/tracking.md[]]":
+                "the page tracks runs with --track, which needs the mlflow extra; the "
+                "Quickstart does not install it",
             "tests/test_a_fourth_engine.py::test_the_docs_engine_table_has_its_column":
                 "MkDocs comes with the docs extra, which the Quickstart does not install",
             "tests/test_engine_interface.py::*[[]estimator[]]":
@@ -195,6 +199,16 @@ ENVIRONMENTS = {
                 "Keras 3 is installed: this case needs an environment without it",
         },
         only={},
+    ),
+    "extras": Environment(
+        "Python 3.13 with the Quickstart's '.[cpu]' and the extras its users add (beam, "
+        "mlflow): `prepare --beam` on 3.13, the tracking page on the keras3 engine; and the "
+        "check that the envs together run every case",
+        modules=("test_prepare_beam.py", "test_docs.py", "test_environments_cover.py"),
+        engines=("keras3",),
+        backends=("tensorflow",),
+        skips={},
+        only={"test_docs.py": ("test_the_pages_examples_run[[]docs/howto/tracking.md[]]",)},
     ),
 }
 

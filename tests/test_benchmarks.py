@@ -672,7 +672,7 @@ def test_targets_and_formatting():
         "table": "t", "title": "demo", "unit": "u/s",
         "rows": [{"name": "a", "median": 1234.5, "min": 1000.0, "max": 1500.0, "ratio": 1.0}],
         "targets": [common.target("t.x", "a ratio", 1.0, 0.9)]})
-    assert "1,234" in text and "1.00x" in text and "MET" in text
+    assert "1,234" in text and "1.000x" in text and "MET" in text
 
 
 def test_write_json_is_whole_or_not_at_all(tmp_path):
@@ -743,7 +743,7 @@ def test_rounds_merge_pools_windows_and_needs_every_round():
     assert t["why"].endswith("; cause given by the table")
     table = report.table_markdown(dict(merged, columns=["name", "median", "ratio"]))
     assert "| name | median | ratio | ratio_rounds |" in table
-    assert "| baseline | 3.50 | 0.95x | 0.95x, 1.02x, 0.91x |" in table
+    assert "| baseline | 3.50 | 0.9524x | 0.9524x, 1.020x, 0.9091x |" in table
 
     lost = rounds.merge([_round(1.2, [1.0]), _round(1.2, [1.0], error="child exited")])
     assert lost["targets"][0]["met"] is False
@@ -990,3 +990,81 @@ def test_benchmarks_md_runs_section_refuses_a_table_listed_twice():
         provenance.read_runs(text)
     assert provenance.read_runs(text.replace(row + "\n", "", 1))["cadence"] == {
         "commit": "a3b9aee", "when": "then", "file": "x.json", "state": "current"}
+
+
+def test_a_figure_is_quoted_on_the_side_of_its_threshold_that_the_json_value_is():
+    # 0.97988 rounds to 0.980 at three digits, over a >= 0.98 target it misses.
+    assert output.fmt_value(0.9798777568823078, 0.98, ">=") == "0.9799"
+    assert output.fmt_value(0.9798777568823078) == "0.98"
+    assert output.fmt_value(1.10004, 1.10, "<=") == "1.10004"
+    assert output.fmt_value(0.984, 1.0, ">=") == "0.984"
+    assert output.fmt_value(2.5e-7 + 1.0, 1.0, "<=") != "1"
+    target = common.target("t", "d", 0.9798777568823078, 0.98)
+    assert target["met"] is False
+    assert "measured 0.9799, needs >= 0.98 (0.012% short)" in target["why"]
+    line = [line for line in output.format_table({"table": "t", "targets": [target]})
+            .splitlines() if "target t:" in line][0]
+    assert ": 0.9799 (need >= 0.98) NOT MET" in line
+    assert output.fmt_ratio(0.9798777568823078) == "0.9799x"
+    assert output.fmt_ratio(1.0) == "1.000x"
+
+
+def test_benchmarks_md_quotes_the_resume_tables_ratios_as_its_json_has_them():
+    """The published table's ratio cells are the JSON's values to four digits
+    (its 0.97988 is 0.9799x, not a rounded 0.98x over the target it missed)."""
+    from benchmarks import provenance, report  # pylint: disable=import-outside-toplevel
+
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        text = f.read()
+    run = provenance.read_runs(text)["resume"]
+    with open(os.path.join(ROOT, run["file"]), encoding="utf-8") as f:
+        result = json.load(f)["tables"]["resume"]
+    for line in report.rows_markdown(result["rows"], result["columns"], result.get("unit", "")):
+        assert line in text.splitlines(), line
+
+
+def test_a_stalled_turn_is_flagged_in_the_round_and_the_merged_result():
+    assert output.stalled_turns([10.0, 11.0, 9.5, 31.0, 10.2]) == [3]
+    assert output.stalled_turns([10.0, 19.9, 10.0]) == []
+    assert output.stalled_turns([10.0, 40.0]) == []  # two turns have no median to trust
+    rows = [{"name": "engine", "turns_s": [10.0, 10.5, 45.0, 9.8], "stalled_turns": [2]},
+            {"name": "peer", "turns_s": [8.0, 8.1, 8.2], "stalled_turns": []}]
+    from benchmarks import accuracy_table, rounds  # pylint: disable=import-outside-toplevel
+    lines = accuracy_table.stalled(rows)
+    assert lines == ["engine: turn 3 of 4 took 45.0 s, over twice the median of its turns "
+                     "(10.2 s)"]
+    one = {"table": "recipe", "rows": [], "targets": [common.target("t", "d", 1.0, 1.1, "<=")],
+           "stalled": []}
+    two = dict(one, stalled=lines)
+    merged = rounds.merge([one, two, one])
+    assert merged["stalled_rounds"] == [2]
+    assert merged["stalled"] == [f"round 2: {lines[0]}"]
+    assert f"  STALLED: round 2: {lines[0]}" in output.format_table(merged).splitlines()
+    from benchmarks import report  # pylint: disable=import-outside-toplevel
+    assert f"- round 2: {lines[0]}" in report.table_markdown(merged).splitlines()
+
+
+def test_the_recipe_and_cluster_tables_run_in_rounds_and_merge_their_runs():
+    from benchmarks import cli, rounds  # pylint: disable=import-outside-toplevel
+    assert {"recipe", "cluster"} <= set(cli.ROUND_TABLES)
+    pair = {"name": "bf16_vs_best", "wall_ratio": 1.0, "t091_ratio": 1.0}
+    results = [{"rows": [{"name": "e", "wall_s": w}], "pairs": [dict(pair, wall_ratio=r)],
+                "targets": []} for w, r in ((100.0, 0.9), (300.0, 1.2), (110.0, 1.0))]
+    merged = rounds.merge(results)
+    assert merged["rows"][0]["wall_s"] == 110.0
+    assert merged["rows"][0]["wall_s_rounds"] == [100.0, 300.0, 110.0]
+    assert merged["pairs"][0]["wall_ratio"] == 1.0
+    assert merged["pairs"][0]["wall_ratio_rounds"] == [0.9, 1.2, 1.0]
+
+
+def test_the_keras_table_evaluates_as_train_does():
+    """The engine's windows run the experiments' own evaluation (the whole
+    split, as `train` runs it), not a shortened one."""
+    import ast  # pylint: disable=import-outside-toplevel
+    from benchmarks import keras_table  # pylint: disable=import-outside-toplevel
+    with open(keras_table.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "attr", None) == "experiment_plan"]
+    assert calls, "keras_table builds no experiment plan"
+    assert all("eval_steps" not in {k.arg for k in call.keywords} for call in calls)

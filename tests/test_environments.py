@@ -6,6 +6,7 @@ import fnmatch
 import glob
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -26,8 +27,22 @@ def _envlist():
 def test_the_environments_are_toxs_envlist():
     assert _envlist() == list(environments.ENVIRONMENTS)
     # Tests that move weights between engines start the other envs'
-    # interpreters: py311's before keras, both before py313.
-    assert _envlist() == ["py311", "keras", "py313"]
+    # interpreters: py311's before keras, both before py313; extras collects
+    # every env's cases in its interpreter, so it comes last.
+    assert _envlist() == ["py311", "keras", "py313", "extras"]
+
+
+def test_the_py313_env_installs_exactly_the_quickstarts_extras():
+    """py313 stands for the Quickstart's users: the README's install command's
+    extras and the test tools, nothing more (extras get an env of their own)."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        quickstart = f.read().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    installs = re.findall(r"pip install -e '\.\[([a-z0-9,-]+)\]'", quickstart)
+    assert installs, "the Quickstart installs no extras"
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(os.path.join(ROOT, "tox.ini"))
+    extras = tox["testenv:py313"]["extras"].split()
+    assert sorted(extras) == sorted(set(installs[0].split(",")) | {"test"}), extras
 
 
 def test_every_env_runs_pytest_with_the_callers_arguments_only():

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from estimator_keras.manifest import load_manifest
+from estimator_keras.sources.base import ArraySource
 from experiments import cli
 from support import FASHION, ROOT, child_env
 
@@ -36,9 +37,10 @@ def needs_fashion():
         pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
 
 
-def _prepare(*args):
-    """``python -m experiments prepare ARGS`` in a child: (rc, stdout + stderr)."""
-    env = child_env()
+def _prepare(*args, **variables):
+    """``python -m experiments prepare ARGS`` in a child, with ``variables``
+    added to its environment: (rc, stdout + stderr)."""
+    env = child_env(**variables)
     env.pop("ESTIMATOR_KERAS_DATA_DIR", None)
     proc = subprocess.run([sys.executable, "-m", "experiments", "prepare", *map(str, args)],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -144,6 +146,68 @@ def test_local_runs_default_to_the_fn_api_runner_with_num_workers():
     given = beam_runs.pipeline_options(["--runner", "FlinkRunner", "--flink_master", "h:1"], 3)
     assert given.view_as(StandardOptions).runner == "FlinkRunner"
     assert given.view_as(DirectOptions).direct_num_workers == 1
+
+
+class _BrokenDisk(ArraySource):
+    """An array source whose reads fail past example ``fail_from``: a disk
+    that breaks while the pipeline runs."""
+
+    def __init__(self, arrays, fail_from):
+        super().__init__(arrays)
+        self.fail_from = fail_from
+
+    def read(self, indices):
+        if np.max(indices) >= self.fail_from:
+            raise OSError(f"cannot read example {int(np.max(indices))}: input/output error")
+        return super().read(indices)
+
+
+def _files(directory):
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+def test_a_failed_force_rewrite_leaves_the_dataset_that_was_there(tmp_path):
+    from estimator_keras import beam_write  # pylint: disable=import-outside-toplevel
+    from estimator_keras.errors import DataError  # pylint: disable=import-outside-toplevel
+    from estimator_keras.sources import beam_runs  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((300, 3)).astype(np.float32),
+              "label": rng.integers(0, 4, 300)}
+    options = beam_runs.pipeline_options([], num_workers=1)
+    data = tmp_path / "ds"
+    beam_write.write_dataset({"train": ArraySource(arrays)}, data, options=options,
+                             num_shards=3, name="ds")
+    before = _files(data)
+    assert sum(name.startswith("train-") for name in before) == 3
+    with pytest.raises(DataError, match="input/output error") as raised:
+        beam_write.write_dataset({"train": _BrokenDisk(arrays, fail_from=200)}, data,
+                                 options=options, num_shards=2, name="ds")
+    assert "the dataset that was there is left as it was" in str(raised.value)
+    assert _files(data) == before
+    assert load_manifest(str(data)).splits["train"].num_examples == 300
+    # A rewrite that completes replaces every old shard, fewer of them too.
+    beam_write.write_dataset({"train": ArraySource({k: v[:120] for k, v in arrays.items()})},
+                             data, options=options, num_shards=2, name="ds")
+    assert sorted(os.listdir(data)) == ["dataset.json", "train-00000-of-00002.tfrecord",
+                                        "train-00001-of-00002.tfrecord"]
+    assert load_manifest(str(data)).splits["train"].num_examples == 120
+
+
+def test_a_run_on_two_workers_prints_prepares_lines_only(tmp_path):
+    """The local runner's worker processes log their start (INFO, and
+    WARNING lines about what a local run does not use) on the standard error
+    they inherit; a normal run keeps them out of the output."""
+    needs_fashion()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = _ok(_prepare("fashion_mnist", "--max-examples", 200, "--data-dir", tmp_path,
+                       "--beam", "--num-workers", 2, TMPDIR=str(scratch)))
+    assert out.splitlines() == [
+        f"reading Fashion-MNIST from {FASHION} (Debian's dataset-fashion-mnist)",
+        f"dataset fashion_mnist ready in {tmp_path / 'fashion_mnist'} (train 200, test 200)"], out
+    assert load_manifest(str(tmp_path / "fashion_mnist")).splits["train"].num_examples == 200
+    # The workers' log of a run that succeeded is removed.
+    assert not [n for n in os.listdir(scratch) if n.endswith(".log")], os.listdir(scratch)
 
 
 @pytest.mark.slow

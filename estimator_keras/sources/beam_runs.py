@@ -11,10 +11,15 @@ as a pipeline whose results come back in order. The writer is
 Apache Beam is imported here, so only ``prepare --beam`` loads it.
 """
 
+import contextlib
 import functools
 import logging
+import os
 import pickle
+import sys
+import tempfile
 import uuid
+import warnings
 
 from estimator_keras import io
 from estimator_keras.errors import DataError, UsageError
@@ -28,12 +33,15 @@ NAMESPACE = "estimator_keras"
 def import_beam():
     """The ``apache_beam`` module; UsageError naming the extra when missing."""
     # Beam's import warns on the root logger about optional Google Cloud
-    # clients that a local run does not use.
+    # clients that a local run does not use, and those clients' import about
+    # the Python version they will stop supporting.
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        import apache_beam  # pylint: disable=import-outside-toplevel
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
+            import apache_beam  # pylint: disable=import-outside-toplevel
     except ImportError as e:
         raise UsageError(
             f"prepare --beam needs Apache Beam, which is not installed ({e}). Install it "
@@ -90,14 +98,49 @@ def temp_dir(options, fallback):
 
 def run(pipeline, options, what):
     """Runs ``pipeline`` to its end; returns its result. Any failure (of the
-    runner, or of a worker) is a DataError naming the runner and ``what``."""
+    runner, or of a worker) is a DataError naming the runner and ``what``.
+
+    On the local runner the worker processes' log lines (their start-up
+    INFO and WARNING lines, which Beam prints before it reads the options
+    that set their level) go to a log file instead of the terminal: removed
+    after a run that succeeds, named in the error of one that fails."""
+    local = runner_name(options) == LOCAL_RUNNER.rsplit(".", 1)[-1]
+    log = _WorkerLog() if local else contextlib.nullcontext()
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        with log:
+            result = pipeline.run()
+            result.wait_until_finish()
     except Exception as e:  # pylint: disable=broad-except  (any runner's, any worker's)
+        where = f" The workers' log: {log.path}." if local else ""
         raise DataError(f"the Beam pipeline {what} failed on {runner_name(options)}: "
-                        f"{str(e).strip()[-1500:]}") from e
+                        f"{str(e).strip()[-1500:]}{where}") from e
+    if local:
+        os.remove(log.path)
     return result
+
+
+class _WorkerLog:
+    """Standard error, and so the local runner's worker processes (which
+    inherit it when they start), sent to a private temporary file while the
+    block runs."""
+
+    def __init__(self):
+        fd, self.path = tempfile.mkstemp(prefix="estimator-keras-beam-", suffix=".log")
+        os.close(fd)
+        self._saved = None
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        with open(self.path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        return False
 
 
 def stage(obj, path):
