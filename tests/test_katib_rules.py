@@ -296,9 +296,12 @@ def test_a_long_display_name_makes_a_name_katib_accepts(tmp_path):
     (LINEAR, ("--algorithm", "hyperband", "--max-trials", "7", "--parallel-trials", "6",
               "--max-steps", "1400"), "--max-steps 1400 must be a whole number of "
                                       "--eval-every 250 periods"),
+    # manifest/generator.go writes each value into the template's text.
+    ("optimizer: {type: categorical, values: [adam, \"it's\"]}\n",
+     ("--max-trials", "2"), "parameter 'optimizer': the value \"it's\" holds a quote"),
 ], ids=["parallel", "hyperband-parallel", "hyperband-trials", "hyperband-pruner",
         "hyperband-discrete", "cmaes", "grid-trials", "grid-double", "skopt-scale",
-        "goptuna-scale", "hyperband-steps"])
+        "goptuna-scale", "hyperband-steps", "quote"])
 def test_what_katib_would_refuse_or_never_finish_is_refused(tmp_path, space_text, extra,
                                                             expected):
     assert expected in _refused(tmp_path, space_text, *extra)

@@ -49,7 +49,6 @@ is refused here with the setting to change (:func:`check_rules`):
 an error, which a loose schema check would let through. TF-free.
 """
 
-import math
 import shlex
 from typing import Any, Dict, List, Optional
 
@@ -111,10 +110,12 @@ def hyperband_plan(max_steps: Optional[int], eval_every: int) -> int:
     ``int(r_l / eta)`` = 1 evaluation, then the best of them trained
     ``int(1 * eta)`` = N evaluations, all of ``--max-steps``. The half keeps
     Katib's float product ``r_l * eta ** -1`` above 1 (N * N ** -1 is
-    0.999... for N = 49, which would give 0 evaluations). Past those two rungs
-    its service answers ``ceil(k / eta)`` trials when the controller asks for
-    ``k`` and the controller drops the answer, so the Experiment would wait
-    forever: ``maxTrialCount`` is ``parallelTrialCount + 1``.
+    0.999... for N = 49, which would give 0 evaluations). After the first
+    rung the controller asks for ``k = min(parallelTrialCount, maxTrialCount
+    - parallelTrialCount)`` trials and the service answers ``ceil(k / eta)``;
+    the controller drops an answer of another length, so only ``k`` = 1 goes
+    on and any other would wait forever: ``maxTrialCount`` is
+    ``parallelTrialCount + 1``.
     """
     if not max_steps:
         raise UsageError("Katib's hyperband needs --max-steps: the most steps a trial "
@@ -227,7 +228,7 @@ def check_rules(study: space_lib.Study, algorithm: str, *, pruner: str = "none",
         bad = [v for v in p.values or () if set("'\\\"") & set(str(v))]
         if p.type == "categorical" and bad:
             raise ConfigError(
-                "%s: parameter %r's value %r holds a quote or a backslash, which Katib's "
+                "%s: parameter %r: the value %r holds a quote or a backslash, which Katib's "
                 "trial command cannot carry (Katib writes each value into the command's "
                 "text). Use another value." % (study.space.source, p.name, bad[0]))
     _scale_rules(study.space, name)
@@ -298,18 +299,22 @@ def build_experiment(spec: JobSpec, study: space_lib.Study, image: Optional[str]
     params = parameters(study.space)
     command += ["--tuning-trial", "--print-evaluations"]
     command += ["--%s=${trialParameters.%s}" % (n, n) for n in names]
-    # Quoted: Katib substitutes the values into the text, and sh unquotes them.
-    script = shlex.join(command)
+    if max_failed is not None and not 0 <= max_failed <= study.max_trials:
+        raise UsageError("max_failed must be from 0 to --max-trials %d, as Katib's validator "
+                         "wants; got %r." % (study.max_trials, max_failed))
     if evaluations:
         params.append({"name": RESOURCE, "parameterType": "int",
                        "feasibleSpace": {"min": "1", "max": str(evaluations)}})
         names.append(RESOURCE)
         for flag in ("--max-steps", "--eval-every"):  # flags beat --hparams
             _drop_flag(command, flag)
-        script = "%s --eval-every %d --max-steps $((${trialParameters.%s} * %d))" % (
-            shlex.join(command), eval_every, RESOURCE, eval_every)
         # A rung whose trials did not all succeed stops hyperband: fail at once.
         max_failed = 0 if max_failed is None else max_failed
+    # Quoted: Katib substitutes the values into the text, and sh unquotes them.
+    script = shlex.join(command)
+    if evaluations:
+        script += " --eval-every %d --max-steps $((${trialParameters.%s} * %d))" % (
+            eval_every, RESOURCE, eval_every)
     container: Dict[str, Any] = {"name": CONTAINER, "image": image,
                                  "command": ["sh", "-c", script]}
     container.update(gpu_limits(gpus))
