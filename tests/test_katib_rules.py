@@ -6,9 +6,10 @@ where a study cannot meet them.
 """
 
 import math
+import os
 import re
-import shlex
 import subprocess
+import tempfile
 
 import pytest
 import yaml
@@ -163,8 +164,9 @@ def katib_shell(experiment, values, trial="trial-abc"):
     (pkg/controller.v1beta1/experiment/manifest/generator.go); the StdOut
     collector's webhook (pkg/webhook/v1beta1/pod/utils.go) keeps a command
     that starts with ``sh -c`` and appends its redirect to the script, or else
-    joins all the command's words with spaces into one ``sh -c`` script.
-    ``python`` is a shell function here that prints its arguments."""
+    joins all the command's words with spaces into one ``sh -c`` script; the
+    redirect sends the output to the file it reads. ``python`` is a shell
+    function here that prints its arguments."""
     container, = experiment["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"][
         "spec"]["containers"]
     command = container["command"]
@@ -172,9 +174,16 @@ def katib_shell(experiment, values, trial="trial-abc"):
     for name, value in values.items():
         script = script.replace("${trialParameters.%s}" % name, value)
     script = script.replace("${trialSpec.Name}", trial)
-    done = subprocess.run(["sh", "-c", "python() { printf '%s\\n' \"$@\"; }; " + script],
-                          capture_output=True, text=True, timeout=30, check=True)
-    return done.stdout.splitlines()
+    with tempfile.TemporaryDirectory() as folder:
+        log, mark = os.path.join(folder, "metrics.log"), os.path.join(folder, "done")
+        script += " 1>%s 2>&1 && echo completed > %s" % (log, mark)
+        subprocess.run(["sh", "-c", "python() { printf '%s\\n' \"$@\"; }; " + script],
+                       capture_output=True, text=True, timeout=30, check=True)
+        # The collector reads the log once the mark says the program ended.
+        with open(mark, encoding="utf-8") as f:
+            assert f.read() == "completed\n"
+        with open(log, encoding="utf-8") as f:
+            return f.read().splitlines()
 
 
 def _flag(argv, flag):
