@@ -422,7 +422,7 @@ def _write_katib(args, spec, study, config) -> int:
     every = args.eval_every or (config.train.eval_every_steps if config is not None else 1)
     experiment = katib.build_experiment(
         spec, study, image, algorithm=args.algorithm or katib.DEFAULT_ALGORITHM,
-        pruner=args.pruner, first_step=min(every, max_steps or every), max_steps=max_steps)
+        pruner=args.pruner, eval_every=every, max_steps=max_steps)
     katib.check(experiment)
     return _write_manifest(args, experiment)
 

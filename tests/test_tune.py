@@ -7,6 +7,7 @@ import collections
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -1023,7 +1024,9 @@ def test_katib_experiment_holds_the_space_and_passes_katibs_models(tmp_path):
         "learning_rate", "batch_size", "units", "optimizer"]
     container, = template["trialSpec"]["spec"]["template"]["spec"]["containers"]
     assert container["name"] == template["primaryContainerName"]
-    command = container["command"]
+    # One sh -c line, as Katib's StdOut collector runs it anyway.
+    assert container["command"][:2] == ["sh", "-c"]
+    command = shlex.split(container["command"][2])
     assert command[command.index("--model-dir") + 1] == "gs://my-bucket/katib/trials/" \
                                                         "${trialSpec.Name}"
     assert "--tuning-trial" in command and "--print-evaluations" in command
@@ -1039,27 +1042,31 @@ def test_katib_experiment_holds_the_space_and_passes_katibs_models(tmp_path):
     assert "spec.parameters[0].feasibleSpace.maximum" in str(refused.value)
 
 
-@pytest.mark.parametrize("algorithm, katib_name", [
-    ("random", "random"), ("cmaes", "cmaes"), ("qmc", "sobol"), ("sobol", "sobol"),
-    ("bayesianoptimization", "bayesianoptimization")])
-def test_katib_algorithms_take_katibs_names(tmp_path, algorithm, katib_name):
-    experiment = _katib(tmp_path, "learning_rate: {type: double, min: 0.0001, max: 0.1}\n",
-                        "--algorithm", algorithm)
+@pytest.mark.parametrize("algorithm, katib_name, scale", [
+    ("random", "random", "log"), ("cmaes", "cmaes", "linear"), ("qmc", "sobol", "linear"),
+    ("sobol", "sobol", "linear"), ("bayesianoptimization", "bayesianoptimization", "log")])
+def test_katib_algorithms_take_katibs_names(tmp_path, algorithm, katib_name, scale):
+    experiment = _katib(tmp_path, "learning_rate: {type: double, min: 0.0001, max: 0.1, "
+                                  "scale: %s}\nunits: {type: integer, min: 16, max: 256}\n"
+                        % scale, "--algorithm", algorithm)
     assert experiment["spec"]["algorithm"]["algorithmName"] == katib_name
     assert "earlyStopping" not in experiment["spec"]
 
 
 def test_katib_hyperband_tunes_the_steps_itself(tmp_path):
     experiment = _katib(tmp_path, "learning_rate: {type: double, min: 0.0001, max: 0.1}\n",
-                        "--algorithm", "hyperband")
+                        "--algorithm", "hyperband", "--parallel-trials", "6",
+                        "--max-trials", "7")
     spec = experiment["spec"]
+    # Six evaluations of 250 steps: eta 6, r_l 6.5 (tests/test_katib_rules.py).
     assert {s["name"]: s["value"] for s in spec["algorithm"]["algorithmSettings"]} == {
-        "resource_name": "max_steps", "eta": "3", "r_l": "1500"}
-    assert spec["parameters"][-1] == {"name": "max_steps", "parameterType": "int",
-                                      "feasibleSpace": {"min": "250", "max": "1500"}}
-    command = spec["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"][
-        "containers"][0]["command"]
-    assert "--max-steps" not in command and "--max_steps=${trialParameters.max_steps}" in command
+        "resource_name": "evaluations", "eta": "6", "r_l": "6.5"}
+    assert spec["parameters"][-1] == {"name": "evaluations", "parameterType": "int",
+                                      "feasibleSpace": {"min": "1", "max": "6"}}
+    script = spec["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"][
+        "containers"][0]["command"][2]
+    assert script.count("--max-steps") == 1
+    assert script.endswith("--max-steps $((${trialParameters.evaluations} * 250))")
 
 
 def test_katib_refusals(tmp_path):
@@ -1071,7 +1078,7 @@ def test_katib_refusals(tmp_path):
     rc, _, err = cli(*KATIB_ARGS, "--tune", space, "--workers", 2)
     assert rc == 2 and "each trial as one pod" in err
     rc, _, err = cli(*KATIB_ARGS, "--tune", space, "--algorithm", "grid")
-    assert rc != 0 and "grid search needs integer, discrete or categorical" in err
+    assert rc == 2 and "Katib's grid (its optuna service, v0.19.0) needs a step" in err
     vertex = [a if a != "katib" else "vertex" for a in KATIB_ARGS]
     rc, _, err = cli(*vertex, "--tune", space, "--algorithm", "tpe", "--dry-run")
     assert rc == 2 and "is Katib's (--target katib)" in err
@@ -1086,9 +1093,10 @@ def test_a_katib_trials_command_prints_what_its_collector_reads(fashion_data, tm
     # What Katib's controller substitutes, and this machine's folders.
     values = {"${trialParameters.learning_rate}": "0.003",
               "${trialSpec.Name}": "trial-abc"}
-    argv = command[3:]
+    script = command[2]
     for placeholder, value in values.items():
-        argv = [a.replace(placeholder, value) for a in argv]
+        script = script.replace(placeholder, value)
+    argv = shlex.split(script)[3:]
     argv = [str(tmp_path / "katib" / "trials" / "trial-abc") if a.startswith("gs://my-bucket/katib")
             else str(fashion_data) if a == "gs://my-bucket/data" else a for a in argv]
     for flag, value in (("--max-steps", "40"), ("--eval-every", "20")):
