@@ -184,7 +184,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     kubernetes.add_argument("--print-runtime", action="store_true",
                             help="write the ClusterTrainingRuntime the estimator and keras "
                                  "engines' TrainJobs run on (install it once per cluster "
-                                 "with kubectl apply); NAME and --job-dir are not needed")
+                                 "with kubectl apply), from --container-image; NAME and "
+                                 "--job-dir are not needed")
     kubernetes.add_argument("--cpu", metavar="QUANTITY",
                             help="CPUs each node requests and is limited to, a Kubernetes "
                                  "quantity: 8, 500m")

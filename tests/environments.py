@@ -83,10 +83,6 @@ ENVIRONMENTS = {
             "tests/test_trainjob.py::test_three_pods_given_a_trainjobs_environment_train_as_one_"
             "cluster[[]keras*[]]": "the keras and keras3 engines' TrainJob pods run in the keras "
                                    "env",
-            "tests/test_trainjob.py::test_manifests_and_variables_match_trainer_v2_3_0_where_its"
-            "_source_is_at_hand": "Kubeflow Trainer's source is not in the repository: set "
-                                  "EK_TRAINER_SOURCE to a checkout of its v2.3.0 tag to run "
-                                  "it",
         },
         # The keras engine's own module runs in the keras env, on TensorFlow
         # 2.21; here only its moves from the estimator engine, which need both.

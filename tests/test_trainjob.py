@@ -4,23 +4,31 @@ describes, and real clusters given exactly that environment.
 
 - the manifests round-trip through the ``kubeflow-trainer-api`` 2.3 models;
   the CEL rules of Trainer v2.3.0's CRDs that apply to them hold (evaluated
-  with cel-python), and a manifest that breaks one is caught; where the CRD
-  source is at hand (``EK_TRAINER_SOURCE``: a checkout of
-  github.com/kubeflow/trainer at v2.3.0), the manifests validate against its
-  CRDs' schemas (manifests/base/crds/), the rules listed here are the CRDs'
-  own, and the JAX plugin's variable names are the ones read here;
+  with cel-python), and a manifest that breaks one is caught; the manifests
+  validate against the OpenAPI schemas of Trainer v2.3.0's CRDs (copies in
+  tests/data/trainer-v2.3.0/, with their source and licence), the rules
+  listed here are the CRDs' own, and the JAX plugin's variable names are the
+  ones read here;
+- the Kubeflow SDK (``kubeflow`` 0.5) lists and gets the TensorFlow runtime
+  beside Trainer's own, through its Kubernetes backend against a local
+  server; the runtime is refused without an image, which would break the
+  SDK's ``list_runtimes()`` for the whole cluster;
 - the pods' variables (Trainer's JAX plugin's, this package's TensorFlow
   runtime's) make the process group / TF_CONFIG, with an error per variable;
+  a TrainJob whose ``numNodes`` alone is edited makes one cluster of that size;
 - three local processes, each given a TrainJob pod's environment (built from
   the manifests) in a private network namespace where the job's host names
   point at 127.0.0.1, train as one cluster: estimator in py311; keras and
   keras3 on JAX in the keras env.
 """
 
+import http.server
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
@@ -33,6 +41,8 @@ from support import ROOT, checkpoint_steps, child_env, cli
 
 JOB_DIR = "gs://my-bucket/runs/1"
 IMAGE = "gcr.io/p/ek:1"
+# Files of github.com/kubeflow/trainer at v2.3.0 (see the folder's README.md).
+TRAINER = os.path.join(ROOT, "tests", "data", "trainer-v2.3.0")
 
 # The CEL rules (x-kubernetes-validations) of Trainer v2.3.0's CRDs that a
 # manifest of ours meets at creation: (kind, path to the node, rule). Rules
@@ -63,9 +73,20 @@ def _manifest(engine, workers=2, **spec_fields):
 
 
 def _runtime():
-    rc, out, err = cli("submit", "--target", "trainjob", "--print-runtime", timeout=120)
+    rc, out, err = cli("submit", "--target", "trainjob", "--print-runtime",
+                       "--container-image", IMAGE, timeout=120)
     assert rc == 0, err
     return yaml.safe_load(out)
+
+
+def _trainer_file(path):
+    with open(os.path.join(TRAINER, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def _jax_distributed():
+    """Trainer's own runtime, the keras3 engine's TrainJobs run on."""
+    return yaml.safe_load(_trainer_file("manifests/base/runtimes/jax_distributed.yaml"))
 
 
 def _node(manifest, path):
@@ -98,11 +119,9 @@ def test_a_trainjob_per_engine_names_its_runtime_and_passes_trainers_models(job_
     assert trainer["command"][:4] == ["python", "-m", "experiments", "train"]
     assert trainer["command"][trainer["command"].index("--engine") + 1] == engine
     assert trainer["command"][trainer["command"].index("--model-dir") + 1] == JOB_DIR + "/model"
+    # Nothing beside numNodes says how many nodes there are.
     env = {e["name"]: e["value"] for e in trainer.get("env", [])}
-    if engine == "keras3":
-        assert env == {"KERAS_BACKEND": "jax"}
-    else:
-        assert env == {"EK_TRAINJOB_NUM_NODES": "3"}
+    assert env == ({"KERAS_BACKEND": "jax"} if engine == "keras3" else {})
     assert trainer["resourcesPerNode"] == {"requests": {"cpu": "4", "memory": "8Gi"},
                                            "limits": {"cpu": "4", "memory": "8Gi"}}
     trainjob.check(manifest)
@@ -121,14 +140,14 @@ def test_the_tensorflow_runtime_passes_trainers_models_and_rules():
     runtime = _runtime()
     assert runtime["kind"] == "ClusterTrainingRuntime"
     assert runtime["metadata"]["name"] == "estimator-keras-tensorflow"
-    # A plain-ML policy: no framework plugin sets anything of its own.
-    assert runtime["spec"]["mlPolicy"] == {"numNodes": 1}
+    # Trainer's JAX policy, for the node count its plugin gives every pod.
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 1, "jax": {}}
     jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert [j["name"] for j in jobs] == ["node"]
     assert jobs[0]["template"]["metadata"]["labels"] == {
         "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     container = jobs[0]["template"]["spec"]["template"]["spec"]["containers"][0]
-    assert container["name"] == "node"
+    assert container["name"] == "node" and container["image"] == IMAGE
     fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
               for e in container["env"]}
     assert fields["EK_TRAINJOB_NAME"] == "metadata.labels['jobset.sigs.k8s.io/jobset-name']"
@@ -186,35 +205,52 @@ def test_bad_resources_and_resources_off_kubernetes_are_refused():
     assert rc == 2 and "--cpu sets a TrainJob node's resources" in err
 
 
-def test_manifests_and_variables_match_trainer_v2_3_0_where_its_source_is_at_hand():
-    source = os.environ.get("EK_TRAINER_SOURCE")
-    if not source:
-        pytest.skip("EK_TRAINER_SOURCE is not set: Kubeflow Trainer's source is not in the "
-                    "repository")
-    # The JAX plugin's variables and coordinator address are the ones read here.
-    with open(os.path.join(source, "pkg/runtime/framework/plugins/jax/jax.go")) as f:
-        plugin = f.read()
-    for name in trainjob_pods.JAX_VARIABLES:
-        assert f'WithName("{name}")' in plugin
-    assert '"%s-%s-0-0.%s:%d"' in plugin and "trainJob.Name" in plugin
-    with open(os.path.join(source, "pkg/constants/constants.go")) as f:
-        constants = f.read()
-    assert 'Node string = "node"' in constants
-    assert "ContainerTrainerPort int32 = 29500" in constants
-    assert "batchv1.JobCompletionIndexAnnotation" in constants
-    folder = os.path.join(source, "manifests", "base", "crds")
-    jsonschema = pytest.importorskip("jsonschema")
+def _crd_schemas():
     documents = {}
     for kind, plural in (("TrainJob", "trainjobs"),
                          ("ClusterTrainingRuntime", "clustertrainingruntimes")):
-        with open(os.path.join(folder, f"trainer.kubeflow.org_{plural}.yaml")) as f:
-            crd = yaml.safe_load(f)
+        crd = yaml.load(_trainer_file(f"manifests/base/crds/trainer.kubeflow.org_{plural}.yaml"),
+                        Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
         documents[kind] = version["schema"]["openAPIV3Schema"]
-    manifests = [_manifest(e) for e in ("estimator", "keras", "keras3")] + [_runtime()]
+    return documents
+
+
+def test_manifests_and_variables_match_trainer_v2_3_0():
+    import jsonschema  # pylint: disable=import-outside-toplevel  (the test extra)
+    # The JAX plugin's variables and coordinator address are the ones read
+    # here, and its node count is the TrainJob's numNodes.
+    plugin = _trainer_file("pkg/runtime/framework/plugins/jax/jax.go")
+    for name in trainjob_pods.JAX_VARIABLES:
+        assert f'WithName("{name}")' in plugin
+    assert '"%s-%s-0-0.%s:%d"' in plugin and "trainJob.Name" in plugin
+    assert "*trainerPS.Count = *trainJob.Spec.Trainer.NumNodes" in plugin
+    assert re.search(r"numNodes := ptr\.Deref\(ptr\.Deref\(trainerPS, runtime\.PodSet\{\}\)"
+                     r"\.Count, 1\)", plugin)
+    assert re.search(r'WithName\("%s"\)\.\s*WithValue\(fmt\.Sprintf\("%%d", numNodes\)\)'
+                     % trainjob_pods.NODE_COUNT, plugin)
+    constants = _trainer_file("pkg/constants/constants.go")
+    assert 'Node string = "node"' in constants
+    assert "ContainerTrainerPort int32 = 29500" in constants
+    assert "batchv1.JobCompletionIndexAnnotation" in constants
+    documents = _crd_schemas()
+    for document in documents.values():
+        jsonschema.Draft4Validator.check_schema(_openapi_to_jsonschema(document))
+    # OpenAPI 3.0's schemas are JSON Schema draft 4's dialect (exclusiveMinimum
+    # a boolean), less Kubernetes' extensions.
+    schemas = {kind: jsonschema.Draft4Validator(_openapi_to_jsonschema(d))
+               for kind, d in documents.items()}
+    manifests = [_manifest(e) for e in ("estimator", "keras", "keras3")] + [
+        _runtime(), _jax_distributed()]
     for manifest in manifests:
-        schema = _openapi_to_jsonschema(documents[manifest["kind"]])
-        jsonschema.validate(manifest, schema)
+        schemas[manifest["kind"]].validate(manifest)
+    # A field the CRD does not have, or a value of the wrong type, fails.
+    for path, value in (("spec.trainer.nodes", 3), ("spec.trainer.numNodes", "3")):
+        broken = json.loads(json.dumps(manifests[0]))
+        *parents, last = path.split(".")
+        _node(broken, ".".join(parents))[last] = value
+        with pytest.raises(jsonschema.ValidationError):
+            schemas["TrainJob"].validate(broken)
     # The rules this module evaluates are the CRDs' own, and no other rule
     # of theirs applies to what our manifests hold.
     found = set()
@@ -222,6 +258,90 @@ def test_manifests_and_variables_match_trainer_v2_3_0_where_its_source_is_at_han
         found |= {(kind, r) for r in _rules(schema) if "oldSelf" not in r}
     ours = {(kind, rule) for kind, _, rule in CEL_RULES}
     assert ours <= {(k, " ".join(r.split())) for k, r in found}
+
+
+# ------------------------------------------------------------ the Kubeflow SDK
+
+class _KubernetesAPI(http.server.ThreadingHTTPServer):
+    """Answers the GETs of the Kubeflow SDK's Kubernetes backend from
+    ``objects`` (path: JSON document); 404 for anything else."""
+
+    def __init__(self, objects):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # pylint: disable=invalid-name
+                body = objects.get(self.path.split("?")[0])
+                data = json.dumps(body if body is not None else {
+                    "kind": "Status", "code": 404, "reason": "NotFound"}).encode()
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):  # pylint: disable=arguments-differ
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def client(self):
+        kubernetes = pytest.importorskip("kubernetes")
+        sdk = pytest.importorskip("kubeflow.trainer")
+        configuration = kubernetes.client.Configuration()
+        configuration.host = f"http://127.0.0.1:{self.server_address[1]}"
+        return sdk.TrainerClient(backend_config=sdk.KubernetesBackendConfig(
+            namespace="team", client_configuration=configuration))
+
+
+def _cluster_of(runtimes):
+    group = "/apis/trainer.kubeflow.org/v1alpha1"
+    objects = {
+        "/api/v1/namespaces/kubeflow-system/configmaps/kubeflow-trainer-public": {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kubeflow-trainer-public"},
+            "data": {"kubeflow_trainer_version": "v2.3.0"}},
+        f"{group}/clustertrainingruntimes": {
+            "apiVersion": trainjob.API_VERSION, "kind": "ClusterTrainingRuntimeList",
+            "metadata": {}, "items": runtimes},
+        f"{group}/namespaces/team/trainingruntimes": {
+            "apiVersion": trainjob.API_VERSION, "kind": "TrainingRuntimeList", "metadata": {},
+            "items": []}}
+    for runtime in runtimes:
+        objects[f"{group}/clustertrainingruntimes/{runtime['metadata']['name']}"] = runtime
+    return _KubernetesAPI(objects)
+
+
+def test_the_kubeflow_sdk_lists_and_gets_the_tensorflow_runtime():
+    runtime = _runtime()
+    listed = [_jax_distributed(), runtime]
+    server = _cluster_of(listed)
+    try:
+        client = server.client()
+        found = {r.name: r for r in client.list_runtimes()}
+        assert set(found) == {"jax-distributed", "estimator-keras-tensorflow"}
+        got = client.get_runtime("estimator-keras-tensorflow")
+        for entry in (found["estimator-keras-tensorflow"], got):
+            assert entry.kind.value == "ClusterTrainingRuntime"
+            assert entry.trainer.framework == "tensorflow" and entry.trainer.image == IMAGE
+            assert entry.trainer.num_nodes == 1
+        # What the runtime was without an image: the SDK lists nothing at all.
+        runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "template"]["spec"]["containers"][0].pop("image")
+        with pytest.raises(Exception, match="doesn't have trainer container"):
+            client.list_runtimes()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_tensorflow_runtime_is_refused_without_an_image(tmp_path):
+    out_file = tmp_path / "runtime.yaml"
+    rc, out, err = cli("submit", "--target", "trainjob", "--print-runtime", "--output",
+                       out_file, timeout=120)
+    assert rc == 2 and out == "" and not out_file.exists()
+    assert "--container-image" in err and "list_runtimes()" in err, err
+    with pytest.raises(ConfigError, match="needs --container-image"):
+        trainjob.build_tensorflow_runtime("")
 
 
 def _rules(node):
@@ -233,21 +353,27 @@ def _rules(node):
         yield from _rules(node["items"])
 
 
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
+
+
 def _openapi_to_jsonschema(node):
-    """A CRD's structural schema as JSON Schema: unknown fields refused where
-    the API server prunes them, int-or-string values allowed."""
-    if not isinstance(node, dict):
-        return node
-    out = {k: _openapi_to_jsonschema(v) if isinstance(v, dict) else
-           ([_openapi_to_jsonschema(i) for i in v] if isinstance(v, list) else v)
-           for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    """A CRD's structural schema as JSON Schema, each subschema converted
+    once: unknown fields refused where the API server prunes them,
+    int-or-string values allowed, Kubernetes' extensions dropped."""
+    out = {k: v for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    if "properties" in node:
+        out["properties"] = {k: _openapi_to_jsonschema(v) for k, v in node["properties"].items()}
+        if not node.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(node.get(key), dict):
+            out[key] = _openapi_to_jsonschema(node[key])
+    for key in _SUBSCHEMA_LISTS:
+        if key in node:
+            out[key] = [_openapi_to_jsonschema(v) for v in node[key]]
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
-        out["additionalProperties"] = False
-    if "properties" in out:
-        out["properties"] = {k: _openapi_to_jsonschema(v) for k, v in node["properties"].items()}
     return out
 
 
@@ -294,8 +420,10 @@ def test_a_jaxjobs_and_a_trainjobs_variables_together_are_refused():
 
 
 def _tf_pod(index, nodes=3, job="fmnist"):
-    return {"EK_TRAINJOB_NAME": job, "EK_TRAINJOB_NUM_NODES": str(nodes),
-            "EK_TRAINJOB_NODE_INDEX": str(index), "EK_TRAINJOB_PORT": "2222"}
+    # The runtime's variables, and the JAX plugin's (the node count).
+    return {"EK_TRAINJOB_NAME": job, "EK_TRAINJOB_NODE_INDEX": str(index),
+            "EK_TRAINJOB_PORT": "2222", "JAX_NUM_PROCESSES": str(nodes),
+            "JAX_PROCESS_ID": str(index), "JAX_COORDINATOR_ADDRESS": f"{job}-node-0-0.{job}:29500"}
 
 
 @pytest.mark.parametrize("index, task", [(0, {"type": "chief", "index": 0}),
@@ -323,7 +451,7 @@ def test_each_missing_tensorflow_runtime_variable_is_named(missing):
 @pytest.mark.parametrize("name, value, message", [
     ("EK_TRAINJOB_NAME", "Bad_Name", "not a TrainJob name"),
     ("EK_TRAINJOB_NAME", "Fmnist", "not a TrainJob name"),
-    ("EK_TRAINJOB_NUM_NODES", "0", "EK_TRAINJOB_NUM_NODES='0'"),
+    ("JAX_NUM_PROCESSES", "0", "JAX_NUM_PROCESSES='0'"),
     ("EK_TRAINJOB_NODE_INDEX", "3", "from 0 to 2"),
     ("EK_TRAINJOB_PORT", "http", "EK_TRAINJOB_PORT='http'"),
 ])
@@ -346,22 +474,23 @@ TIMEOUT = 420
 
 
 def _pod_environments(manifest, runtime):
-    """Each pod's environment as Kubernetes and Trainer would make it from
-    ``manifest`` (and ``runtime``, the TensorFlow one, or None: Trainer's
-    jax-distributed, whose JAX plugin adds its three variables)."""
+    """Each pod's environment as Kubernetes and Trainer v2.3.0 would make it
+    from ``manifest`` on ``runtime``: the runtime's container variables (the
+    downward API's fields filled in), the JAX plugin's three where the
+    runtime's policy is JAX (pkg/runtime/framework/plugins/jax/jax.go: the
+    count is the TrainJob's numNodes), then the TrainJob's own."""
     job, nodes = manifest["metadata"]["name"], manifest["spec"]["trainer"]["numNodes"]
+    (container,) = runtime["spec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]["containers"]
     pods = []
     for index in range(nodes):
         fields = {"metadata.labels['jobset.sigs.k8s.io/jobset-name']": job,
                   "metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index)}
         env = {"HOSTNAME": f"{job}-node-0-{index}", "JOB_COMPLETION_INDEX": str(index)}
-        if runtime is not None:
-            (container,) = runtime["spec"]["template"]["spec"]["replicatedJobs"][0][
-                "template"]["spec"]["template"]["spec"]["containers"]
-            for item in container["env"]:
-                env[item["name"]] = item.get("value") or fields[
-                    item["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
+        for item in container.get("env", []):
+            env[item["name"]] = item.get("value") or fields[
+                item["valueFrom"]["fieldRef"]["fieldPath"]]
+        if "jax" in runtime["spec"]["mlPolicy"]:
             env.update({"JAX_NUM_PROCESSES": str(nodes), "JAX_PROCESS_ID": str(index),
                         "JAX_COORDINATOR_ADDRESS": f"{job}-node-0-0.{job}:29500"})
         env.update({e["name"]: e["value"] for e in manifest["spec"]["trainer"].get("env", [])})
@@ -369,9 +498,35 @@ def _pod_environments(manifest, runtime):
     return pods
 
 
+@pytest.mark.parametrize("nodes", [1, 2, 5])
+def test_a_trainjob_whose_num_nodes_alone_is_edited_is_one_cluster_of_that_many(nodes):
+    spec = JobSpec(experiment="fashion_mnist_cnn", job_dir=JOB_DIR, engine="estimator",
+                   workers=2, display_name="fmnist")
+    manifest = trainjob.build_trainjob_manifest(spec, IMAGE)
+    manifest["spec"]["trainer"]["numNodes"] = nodes
+    hosts = [f"fmnist-node-0-{i}.fmnist:2222" for i in range(nodes)]
+    runtime = trainjob.build_tensorflow_runtime(IMAGE)
+    for index, env in enumerate(_pod_environments(manifest, runtime)):
+        config = trainjob_pods.tf_config(env)
+        assert config["cluster"]["chief"] + config["cluster"].get("worker", []) == hosts
+        assert config["task"] == ({"type": "chief", "index": 0} if index == 0 else
+                                  {"type": "worker", "index": index - 1})
+
+
+def test_a_pod_of_a_runtime_without_the_node_count_is_told_to_reinstall_it():
+    # The plain-ML runtime of earlier releases: Trainer sets no count.
+    runtime = trainjob.build_tensorflow_runtime(IMAGE)
+    runtime["spec"]["mlPolicy"].pop("jax")
+    spec = JobSpec(experiment="fashion_mnist_cnn", job_dir=JOB_DIR, engine="estimator",
+                   workers=1)
+    (env, _) = _pod_environments(trainjob.build_trainjob_manifest(spec, IMAGE), runtime)
+    with pytest.raises(ClusterConfigError, match=r"no JAX_NUM_PROCESSES.*--print-runtime"):
+        trainjob_pods.tf_config(env)
+
+
 def _run_pods(tmp_path, engine, data_dir):
     manifest = _manifest(engine, display_name="fmnist-trainjob")
-    runtime = None if engine == "keras3" else _runtime()
+    runtime = _jax_distributed() if engine == "keras3" else _runtime()
     model_dir = tmp_path / "model"
     command = list(manifest["spec"]["trainer"]["command"])
     command[command.index("--model-dir") + 1] = str(model_dir)

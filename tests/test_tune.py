@@ -1145,7 +1145,7 @@ def test_a_trial_trains_alone_and_reports_nowhere_even_inside_a_trainjob_pod(mon
     from experiments import tune
     pod = {"KUBEFLOW_TRAINER_SERVER_URL": "https://trainer:10443/x",
            "JAX_COORDINATOR_ADDRESS": "j-node-0-0.j:29500", "JAX_NUM_PROCESSES": "2",
-           "JAX_PROCESS_ID": "0", "EK_TRAINJOB_NAME": "j", "EK_TRAINJOB_NUM_NODES": "2",
+           "JAX_PROCESS_ID": "0", "EK_TRAINJOB_NAME": "j",
            "EK_TRAINJOB_NODE_INDEX": "0", "EK_TRAINJOB_PORT": "2222", "TF_CONFIG": "{}",
            "KEEP_ME": "1"}
     for name, value in pod.items():

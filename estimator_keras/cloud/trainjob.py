@@ -10,9 +10,10 @@ entry gives (:attr:`~estimator_keras.engines.registry.Entry.trainjob_runtime`):
   ``JAX_PROCESS_ID`` in every pod;
 * the estimator and keras engines: Trainer has no TensorFlow runtime, so this
   package ships one (:func:`build_tensorflow_runtime`, ``submit --target
-  trainjob --print-runtime``): a plain-ML runtime (no framework policy) of one
-  indexed Job of pods on JobSet's headless service, whose pods get the job's
-  name and their index from the downward API and build ``TF_CONFIG`` from them
+  trainjob --print-runtime --container-image IMAGE``): one indexed Job of pods
+  on JobSet's headless service, whose pods get the job's name and their index
+  from the downward API and the node count from Trainer's JAX policy, and
+  build ``TF_CONFIG`` from them
   (:mod:`~estimator_keras.distribute.trainjob_pods`). Chief and workers only:
   parameter servers and an evaluator need a TFJob (``--target tfjob``).
 
@@ -24,7 +25,10 @@ Sources: github.com/kubeflow/trainer at v2.3.0: manifests/base/crds/ (the
 TrainJob and ClusterTrainingRuntime schemas and their CEL rules: a TrainJob's
 name is a DNS-1035 label of at most 63 characters; at most one framework
 policy per runtime), manifests/base/runtimes/jax_distributed.yaml,
-pkg/runtime/framework/plugins/{jax,plainml}/.
+pkg/runtime/framework/plugins/{jax,plainml}/. The Kubeflow SDK (``kubeflow``
+0.5, kubeflow/trainer/backends/kubernetes/utils.py): ``list_runtimes()`` fails,
+listing none of the cluster's runtimes, when one has a trainer container
+without an image.
 """
 
 from typing import Any, Dict, List, Optional
@@ -85,10 +89,10 @@ def build_trainjob_manifest(spec: JobSpec, image: Optional[str] = None,
             "training-operator v1.9." % ("--ps %d" % spec.ps if spec.ps else "--evaluator"))
     image, command, gpus = job_program(spec, image, "Never", "TrainJob")
     nodes = 1 + spec.workers
+    # The node count is numNodes alone: both runtimes' pods read it from the
+    # JAX_NUM_PROCESSES Trainer sets from it.
     env: List[Dict[str, str]] = [{"name": k, "value": v}
                                  for k, v in spec.container_env.items()]
-    if entry.trainjob_runtime == TENSORFLOW_RUNTIME:
-        env.append({"name": "EK_TRAINJOB_NUM_NODES", "value": str(nodes)})
     trainer: Dict[str, Any] = {"image": image, "command": command, "numNodes": nodes}
     if env:
         trainer["env"] = env
@@ -110,36 +114,48 @@ def _field_env(name: str, path: str) -> Dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def build_tensorflow_runtime(image: Optional[str] = None,
-                             name: str = TENSORFLOW_RUNTIME) -> Dict[str, Any]:
+def build_tensorflow_runtime(image: str, name: str = TENSORFLOW_RUNTIME) -> Dict[str, Any]:
     """The ClusterTrainingRuntime the estimator and keras engines' TrainJobs run on.
 
-    A plain-ML policy (no framework plugin: the TrainJob's ``numNodes`` sets the
-    pod count), one replicated job ``node`` of indexed pods on JobSet's headless
-    service (stable host names ``<job>-node-0-<index>.<job>``). Each pod gets
+    One replicated job ``node`` of indexed pods on JobSet's headless service
+    (stable host names ``<job>-node-0-<index>.<job>``). Each pod gets
     ``EK_TRAINJOB_NAME`` (its JobSet's name, which is the TrainJob's),
-    ``EK_TRAINJOB_NODE_INDEX`` (its completion index) and ``EK_TRAINJOB_PORT``;
-    the TrainJob adds ``EK_TRAINJOB_NUM_NODES``. Pods do not restart alone
-    (``restartPolicy: Never``, no retries): a failed or preempted pod restarts
-    the whole JobSet, up to :data:`RESTARTS` times, and training resumes from
-    the last checkpoint. ``image`` is a default the TrainJob's own overrides.
+    ``EK_TRAINJOB_NODE_INDEX`` (its completion index) and ``EK_TRAINJOB_PORT``.
+    The ML policy is Trainer's JAX one, for its ``JAX_NUM_PROCESSES``: the node
+    count, which Trainer sets from the TrainJob's ``numNodes`` (the plain-ML
+    policy gives a pod no count, and torch's would have the Kubeflow SDK wrap
+    commands in torchrun); the pods read nothing else of it. Pods do not
+    restart alone (``restartPolicy: Never``, no retries): a failed or preempted
+    pod restarts the whole JobSet, up to :data:`RESTARTS` times, and training
+    resumes from the last checkpoint.
+
+    ``image`` (one with this package installed) is the node's image where a
+    TrainJob gives none, and what the Kubeflow SDK lists for the runtime; it is
+    required: the SDK's ``list_runtimes()`` fails, listing none of the
+    cluster's runtimes, when one has a trainer container without an image.
     """
+    if not image:
+        raise ConfigError(
+            "The TensorFlow ClusterTrainingRuntime (--print-runtime) needs --container-image "
+            "URI (or --image): the image of its nodes, with this package installed (build one "
+            "from the repository's Dockerfile and push it where the cluster pulls from). A "
+            "runtime without an image makes the Kubeflow SDK's list_runtimes() fail for every "
+            "user of the cluster.")
     container: Dict[str, Any] = {
         "name": trainjob_pods.NODE,
+        "image": image,
         "env": [_field_env("EK_TRAINJOB_NAME",
                            "metadata.labels['%s']" % trainjob_pods.JOBSET_NAME_LABEL),
                 _field_env("EK_TRAINJOB_NODE_INDEX", trainjob_pods.COMPLETION_INDEX_FIELD),
                 {"name": "EK_TRAINJOB_PORT", "value": str(trainjob_pods.TF_PORT)}],
         "ports": [{"name": "tf-server", "containerPort": trainjob_pods.TF_PORT}]}
-    if image:
-        container["image"] = image
     return {
         "apiVersion": API_VERSION,
         "kind": RUNTIME_KIND,
         "metadata": {"name": name,
                      "labels": {"trainer.kubeflow.org/framework": "tensorflow"}},
         "spec": {
-            "mlPolicy": {"numNodes": 1},
+            "mlPolicy": {"numNodes": 1, trainjob_pods.NODE_COUNT_POLICY: {}},
             "template": {"spec": {
                 "failurePolicy": {"maxRestarts": RESTARTS},
                 "replicatedJobs": [{

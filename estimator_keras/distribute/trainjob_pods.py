@@ -10,10 +10,12 @@ the JobSet's headless service. Two runtimes serve this package:
   process group (:func:`jax_group`);
 * this package's TensorFlow runtime (``submit --target trainjob --print-runtime``):
   Trainer has none, so the runtime hands each pod the job's name and its
-  completion index through the downward API, and the TrainJob sets the node
-  count; :func:`tf_config` builds ``TF_CONFIG`` from them (pod 0 the chief,
-  the others workers) and :func:`export_tf_config` sets it before TensorFlow
-  reads it.
+  completion index through the downward API, and asks for Trainer's JAX policy
+  for one of its variables: ``JAX_NUM_PROCESSES``, the node count Trainer sets
+  from the TrainJob's ``numNodes`` (the plain-ML policy tells a pod nothing of
+  its peers). :func:`tf_config` builds ``TF_CONFIG`` from them (pod 0 the
+  chief, the others workers) and :func:`export_tf_config` sets it before
+  TensorFlow reads it.
 
 Sources (github.com/kubeflow/trainer at v2.3.0): the JAX plugin,
 pkg/runtime/framework/plugins/jax/jax.go (the variables, the coordinator
@@ -33,11 +35,16 @@ NODE = "node"
 """The replicated job and container name Trainer's runtimes use for the trainer."""
 JAX_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 """What Trainer's JAX plugin sets in every pod of a ``jax-distributed`` TrainJob."""
-TF_VARIABLES = ("EK_TRAINJOB_NAME", "EK_TRAINJOB_NUM_NODES", "EK_TRAINJOB_NODE_INDEX",
-                "EK_TRAINJOB_PORT")
-"""What this package's TensorFlow runtime and its TrainJobs set in every pod:
-the TrainJob's name (the JobSet's, from the pod's label), ``trainer.numNodes``,
-the pod's completion index and the port each task's server listens on."""
+TF_VARIABLES = ("EK_TRAINJOB_NAME", "EK_TRAINJOB_NODE_INDEX", "EK_TRAINJOB_PORT")
+"""What this package's TensorFlow runtime sets in every pod: the TrainJob's
+name (the JobSet's, from the pod's label), the pod's completion index and the
+port each task's server listens on."""
+NODE_COUNT = "JAX_NUM_PROCESSES"
+"""The node count of a pod on the TensorFlow runtime: Trainer's JAX policy sets
+it from the TrainJob's ``trainer.numNodes``, the count of pods it starts."""
+NODE_COUNT_POLICY = "jax"
+"""The field of a runtime's ``mlPolicy`` (Trainer's API, not a Keras backend)
+whose plugin sets :data:`NODE_COUNT` in every pod."""
 TF_PORT = 2222
 """The TensorFlow runtime's port for TensorFlow's gRPC servers."""
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -94,24 +101,32 @@ def jax_group(environ):
 
 def tf_config(environ):
     """The ``TF_CONFIG`` (a dict) of this pod of a TrainJob on the TensorFlow
-    runtime, or None when none of :data:`TF_VARIABLES` is set. Pod 0 is the
-    chief, pod ``i`` worker ``i - 1``; every task on port ``EK_TRAINJOB_PORT``.
+    runtime, or None when none of :data:`TF_VARIABLES` is set: :data:`NODE_COUNT`
+    pods, pod 0 the chief, pod ``i`` worker ``i - 1``; every task on port
+    ``EK_TRAINJOB_PORT``.
 
     Raises:
       ClusterConfigError: some set and others missing, or a bad value.
     """
     if not all_or_none(environ, TF_VARIABLES,
-                        f"a TensorFlow cluster from a Kubeflow TrainJob needs all four of "
+                        f"a TensorFlow cluster from a Kubeflow TrainJob needs all three of "
                         f"{', '.join(TF_VARIABLES)} (the runtime from `submit --target trainjob "
-                        f"--print-runtime` sets the name, index and port, the TrainJob sets "
-                        f"EK_TRAINJOB_NUM_NODES to its trainer.numNodes)"):
+                        f"--print-runtime` sets them in every pod)"):
         return None
+    if not str(environ.get(NODE_COUNT, "")).strip():
+        raise ClusterConfigError(
+            f"this pod has the TensorFlow TrainJob runtime's {', '.join(TF_VARIABLES)} but no "
+            f"{NODE_COUNT}, the node count Trainer's JAX policy sets from the TrainJob's "
+            f"numNodes: the ClusterTrainingRuntime on this cluster predates it (a plain-ML "
+            f"runtime, which tells a pod nothing of its peers). Install it again: "
+            f"python -m experiments submit --target trainjob --print-runtime "
+            f"--container-image IMAGE | kubectl apply -f -")
     job = environ["EK_TRAINJOB_NAME"].strip()
     if not _DNS_1035.match(job):
         raise ClusterConfigError(
             f"EK_TRAINJOB_NAME={job!r} is not a TrainJob name (a DNS-1035 label: lower-case "
             f"letters, digits and '-').")
-    count = whole_number("EK_TRAINJOB_NUM_NODES", environ["EK_TRAINJOB_NUM_NODES"], 1)
+    count = whole_number(NODE_COUNT, environ[NODE_COUNT], 1)
     index = whole_number("EK_TRAINJOB_NODE_INDEX", environ["EK_TRAINJOB_NODE_INDEX"], 0, count - 1)
     port = whole_number("EK_TRAINJOB_PORT", environ["EK_TRAINJOB_PORT"], 1, 65535)
     cluster = {"chief": [f"{host(job, 0)}:{port}"]}
