@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pytest
 
+import docs_pages
 from support import KERAS3_BACKENDS, ROOT, child_env, cli, latest_checkpoint_weights
 
 # Small filters: the default CNN's layers, Dropout included, at a fraction of its cost.
@@ -92,13 +93,14 @@ def test_a_stopped_cnn_with_dropout_ends_with_the_weights_of_one_never_stopped(
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["estimator"])
 def test_a_keras2_engine_names_the_random_layers_whose_masks_start_over(fashion_data, tmp_path,
-                                                                        engine):
+                                                                        engine, request):
     args = _cnn_args(fashion_data, engine, tmp_path / "run")
     args[args.index("--max-steps") + 1] = 2
     rc, _, err = cli(*args, env=child_env(TF_USE_LEGACY_KERAS="0"))
     assert rc == 0, err[-3000:]
     warnings = WARNING.findall(err)
     assert warnings == [(engine, "dropout, dropout_1")], err[-3000:]
+    docs_pages.assert_shows(request, err)  # what-survives-what.md shows the line
     # Without --deterministic nothing is promised, and nothing is said.
     args.remove("--deterministic")
     rc, _, err = cli(*args, env=child_env(TF_USE_LEGACY_KERAS="0"))
