@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import docs_pages
-from support import KERAS3_BACKENDS, ROOT, child_env, cli, latest_checkpoint_weights
+from support import (KERAS3_BACKENDS, ROOT, child_env, cli, keras3_installed,
+                     latest_checkpoint_weights)
 
 # Small filters: the default CNN's layers, Dropout included, at a fraction of its cost.
 CNN_HPARAMS = "filters=4,dense_units=16,log_every_steps=10"
@@ -105,3 +106,46 @@ def test_a_keras2_engine_names_the_random_layers_whose_masks_start_over(fashion_
     args.remove("--deterministic")
     rc, _, err = cli(*args, env=child_env(TF_USE_LEGACY_KERAS="0"))
     assert rc == 0 and not WARNING.search(err), err[-3000:]
+
+
+@pytest.mark.keras3_backend("tensorflow")
+@pytest.mark.skipif(not keras3_installed(), reason="Keras 3 needs TensorFlow 2.16+")
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_keras3_checkpoint_holds_the_seed_states_it_restores(tmp_path, where):
+    """In the checkpoint's own file, local or remote (ram:// stands in for
+    gs://); a file without them restores the weights and says which layers
+    start over."""
+    # pylint: disable=import-outside-toplevel  (Keras 3, which py311 lacks)
+    import keras
+    from estimator_keras.engines.keras3 import checkpoints, resume, seeds
+
+    def build():
+        inputs = keras.Input((4,))
+        x = keras.layers.Dropout(0.5, name="drop")(keras.layers.Dense(8)(inputs))
+        x = keras.layers.GaussianNoise(0.1, name="noise")(x)
+        model = keras.Model(inputs, keras.layers.Dense(2)(x))
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        return model
+
+    def values(model):
+        return [keras.ops.convert_to_numpy(v).tolist() for _, v in seeds.states(model)]
+
+    trained = build()
+    trained.fit(np.ones((24, 4)), np.zeros(24), batch_size=8, verbose=0)
+    assert [layer for layer, _ in seeds.states(trained)] == ["drop", "noise"]
+    assert [counter for _, counter in values(trained)] == [3, 3]  # a draw a step each
+    model_dir = str(tmp_path) if where == "local" else f"ram://seeds-{os.getpid()}"
+    path = checkpoints.save(trained, model_dir, step=3, keep=1)
+    fresh, logged = build(), []
+    assert values(fresh) != values(trained)
+    assert resume.restore(fresh, path, logged.append) == 3 and not logged
+    assert values(fresh) == values(trained)
+    checkpoints.check_fits(build(), path)  # the seed states are not weights
+    # A weights file of Keras' own, without them.
+    plain = os.path.join(str(tmp_path / "plain"), checkpoints.name_of(3))
+    os.makedirs(os.path.dirname(plain))
+    trained.save_weights(plain)
+    fresh, logged = build(), []
+    resume.restore(fresh, plain, logged.append)
+    assert [counter for _, counter in values(fresh)] == [0, 0]
+    assert len(logged) == 1 and "random layers drop, noise" in logged[0], logged
