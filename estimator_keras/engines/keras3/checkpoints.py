@@ -4,8 +4,9 @@ A checkpoint is ``ckpt-<step>.weights.h5``, written by Keras 3's
 ``Model.save_weights``: the model's weights and, for a compiled model, the
 optimizer's state (its step counter and slots), so that a resumed run
 continues the optimizer where it stopped; and the random layers' seed
-states (:mod:`.seeds`), so that their draws continue too. It is the same file on every
-backend: a checkpoint written on TensorFlow resumes on JAX and back.
+states (:mod:`.seeds`), so that their draws continue too. It is the same
+file on every backend: a checkpoint written on TensorFlow resumes on JAX
+and back.
 
 ``keras3-checkpoints.json`` names the latest and every kept checkpoint,
 oldest first (``{"latest": "ckpt-300.weights.h5", "all": [...]}``), and,
@@ -252,7 +253,8 @@ def _weights_in(path):
     """{name: (shape, "layer 'L'")} of the model weights in a Keras 3
     weights file (``layers/dense/vars/0``: Keras names a layer's group by its
     class, the layer's own name is an attribute); the optimizer's and the
-    seed states are left out. Read with h5py, which Keras 3 writes these files with."""
+    seed states are left out. Read with h5py, which Keras 3 writes these
+    files with."""
     import h5py  # pylint: disable=import-outside-toplevel  (a dependency of Keras 3)
 
     found = {}

@@ -22,9 +22,10 @@ It keeps the other engines' contract:
   exactly at each evaluation and at ``max_steps`` (:class:`TrainingSteps`),
   whatever the cadence;
 - a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
-  preemption), optimizer state included; a finished run trains nothing and
-  reports its evaluation; a model dir that holds only a TensorFlow checkpoint
-  of the estimator or keras engine continues at its step, with its
+  preemption), optimizer state and random layers' seeds included; a finished
+  run trains nothing and reports its evaluation; a model dir that holds
+  only a TensorFlow checkpoint of the estimator or keras engine continues
+  at its step, with its
   optimizer's slots (:mod:`estimator_keras.engines.keras3.migration`), or with a
   fresh optimizer where they cannot move (:func:`restore`);
 - SIGTERM/SIGINT under the plan's PreemptionWatch: a checkpoint of the step
