@@ -90,7 +90,9 @@ class TrainConfig:
     """Run TensorFlow's ops deterministically
     (``tf.config.experimental.enable_op_determinism``; JAX on CPU always is):
     with a seed, two runs of one config, stopped or not, end with the same
-    weights bit for bit on one machine (see "What survives what")."""
+    weights bit for bit on one machine (see "What survives what"); for a
+    model with random layers (Dropout) on the keras3 engine only, whose
+    checkpoints keep their seed states: the other engines warn at the start."""
     precision: str = "float32"
     """Compute dtype of training: "float32", "mixed_bfloat16" (bfloat16
     compute, float32 variables and outputs), or "auto" (mixed_bfloat16 on a

@@ -295,6 +295,12 @@ class RunContext:
         slow = engines.setup_warning(engine_obj.name, backend, platform, probe, info.num_workers)
         if slow and info.is_chief:
             task_log(info, slow)
+        restarted = config.train.deterministic and engine_obj.random_layers_restarted(probe)
+        if restarted and info.is_chief:
+            task_log(info, f"--deterministic: the {engine_obj.name} engine's checkpoints do not "
+                           f"keep the random layers' state; {', '.join(restarted)}: their draws "
+                           f"(dropout masks) start over after a resume, so a resumed run is "
+                           f"not bit-identical to one never stopped")
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
                                       shard=training_group.input_shard, start_step=start_step)
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,

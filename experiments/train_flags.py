@@ -72,7 +72,8 @@ def add_train_flags(parser, exclude=()):
     add("--strategy", default="auto", choices=list(STRATEGIES))
     add("--deterministic", action="store_const", const=True, default=None,
         help="deterministic ops (train.deterministic): a run stopped and resumed ends with "
-             "the weights of one never stopped, bit for bit")
+             "the weights of one never stopped, bit for bit (with random layers such as "
+             "Dropout: on keras3; the other engines say so at the start)")
     add("--skip-corrupt", action="store_true",
         help="skip unreadable records (logged) instead of stopping")
     add("--tuning-trial", action="store_true",

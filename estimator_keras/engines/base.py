@@ -274,6 +274,34 @@ class Engine(abc.ABC):
         """Called on a non-chief training worker after it trained: removes
         what only that task wrote. The default removes nothing."""
 
+    def random_layers_restarted(self, model):
+        """The names of ``model``'s random layers whose state this engine's
+        checkpoints do not keep: after a resume their draws (dropout masks,
+        noise, augmentations) start over, so a resumed run is not
+        bit-identical to one never stopped. The default: every one
+        (:func:`random_layers`)."""
+        return random_layers(model)
+
+
+def random_layers(model):
+    """The names of ``model``'s layers (of ``layers``, recursively) that
+    draw random numbers as they train: those with a ``seed`` in their
+    config, as Keras' Dropout, GaussianNoise and RandomFlip have, in Keras 2
+    and 3."""
+    found, pending = [], list(getattr(model, "layers", ()))
+    while pending:
+        layer = pending.pop(0)
+        if hasattr(layer, "layers"):
+            pending[:0] = layer.layers  # a nested model's, in their order
+            continue
+        try:
+            config = layer.get_config()
+        except (NotImplementedError, TypeError, ValueError, AttributeError):
+            config = None  # a custom layer without a config
+        if isinstance(config, dict) and "seed" in config:
+            found.append(layer.name)
+    return found
+
 
 class TFCheckpointEngine(Engine):
     """An engine whose checkpoints are TensorFlow object-based checkpoints in

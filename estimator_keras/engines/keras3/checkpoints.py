@@ -3,8 +3,10 @@
 A checkpoint is ``ckpt-<step>.weights.h5``, written by Keras 3's
 ``Model.save_weights``: the model's weights and, for a compiled model, the
 optimizer's state (its step counter and slots), so that a resumed run
-continues the optimizer where it stopped. It is the same file on every
-backend: a checkpoint written on TensorFlow resumes on JAX and back.
+continues the optimizer where it stopped; and the random layers' seed
+states (:mod:`.seeds`), so that their draws continue too. It is the same
+file on every backend: a checkpoint written on TensorFlow resumes on JAX
+and back.
 
 ``keras3-checkpoints.json`` names the latest and every kept checkpoint,
 oldest first (``{"latest": "ckpt-300.weights.h5", "all": [...]}``), and,
@@ -36,6 +38,7 @@ import textwrap
 import uuid
 
 from estimator_keras import io
+from estimator_keras.engines.keras3 import seeds
 from estimator_keras.errors import CheckpointMismatchError, EngineMismatchError, ModelDirError
 from estimator_keras.modeldir import pid_alive
 
@@ -167,7 +170,7 @@ def save(model, model_dir, step, keep, optimizer_from=0):
     # Keras insists on the .weights.h5 ending, temporary names included.
     tmp = io.join(model_dir, f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}")
     try:
-        model.save_weights(tmp)
+        seeds.save_weights(model, tmp)
         io.rename(tmp, path, overwrite=True)
     except BaseException:
         io.remove(tmp)
@@ -249,14 +252,15 @@ def check_fits(model, path):
 def _weights_in(path):
     """{name: (shape, "layer 'L'")} of the model weights in a Keras 3
     weights file (``layers/dense/vars/0``: Keras names a layer's group by its
-    class, the layer's own name is an attribute); the optimizer's are left
-    out. Read with h5py, which Keras 3 writes these files with."""
+    class, the layer's own name is an attribute); the optimizer's and the
+    seed states are left out. Read with h5py, which Keras 3 writes these
+    files with."""
     import h5py  # pylint: disable=import-outside-toplevel  (a dependency of Keras 3)
 
     found = {}
 
     def visit(name, obj):
-        if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/"):
+        if isinstance(obj, h5py.Dataset) and not name.startswith(("optimizer/", seeds.GROUP + "/")):
             layer = obj.parent.attrs.get("name")
             if isinstance(layer, bytes):
                 layer = layer.decode()

@@ -22,9 +22,10 @@ It keeps the other engines' contract:
   exactly at each evaluation and at ``max_steps`` (:class:`TrainingSteps`),
   whatever the cadence;
 - a rerun resumes from the latest checkpoint (after a crash, a SIGKILL or a
-  preemption), optimizer state included; a finished run trains nothing and
-  reports its evaluation; a model dir that holds only a TensorFlow checkpoint
-  of the estimator or keras engine continues at its step, with its
+  preemption), optimizer state and random layers' seeds included; a finished
+  run trains nothing and reports its evaluation; a model dir that holds
+  only a TensorFlow checkpoint of the estimator or keras engine continues
+  at its step, with its
   optimizer's slots (:mod:`estimator_keras.engines.keras3.migration`), or with a
   fresh optimizer where they cannot move (:func:`restore`);
 - SIGTERM/SIGINT under the plan's PreemptionWatch: a checkpoint of the step
@@ -58,7 +59,7 @@ from estimator_keras import io, memory, summaries
 from estimator_keras.distribute import preemption
 from estimator_keras.engines import base, optimizers
 from estimator_keras.engines.keras3 import checkpoints as ckpts
-from estimator_keras.engines.keras3 import evaluation, resume
+from estimator_keras.engines.keras3 import evaluation, resume, seeds
 from estimator_keras.errors import ConfigError, DataError, ModelDirError
 
 # The two runs of the summaries, named as Keras' TensorBoard callback names them.
@@ -340,8 +341,8 @@ def _fit(plan):
     # Processes of a group must initialize the same weights.
     seed = plan.seed if plan.seed is not None else plan.group.shared_seed
     if seed is not None:
-        # Initial weights and dropout masks; the weights files hold no seed
-        # generator state, so a resumed run's masks start their sequence over.
+        # Initial weights and the random layers' seeds (a resumed run restores
+        # their state from its checkpoint: engines/keras3/seeds.py).
         keras.utils.set_random_seed(int(seed))
     with _scope(plan.group):
         model = compile_for_keras3(plan, base.MAX_STEPS_PER_EXECUTION)
@@ -426,6 +427,13 @@ class Keras3Engine(base.Engine):
             model = compile_for_keras3(plan)
             step = resume.restore(model, checkpoint)
         return evaluation.evaluate(model, plan, step)
+
+    def random_layers_restarted(self, model):
+        """Those of :func:`~estimator_keras.engines.base.random_layers` that
+        draw from no Keras seed generator of theirs: the checkpoints keep
+        the generators' states (:mod:`.seeds`)."""
+        kept = {layer for layer, _ in seeds.states(model)}
+        return [layer for layer in base.random_layers(model) if layer not in kept]
 
     def check_can_restore(self, checkpoint):
         """Accepts keras3 checkpoints and the TensorFlow checkpoints of the

@@ -14,6 +14,7 @@ import numpy as np
 
 from estimator_keras.engines import optimizers
 from estimator_keras.engines.keras3 import checkpoints as ckpts
+from estimator_keras.engines.keras3 import seeds
 from estimator_keras.errors import ModelDirError
 
 
@@ -56,7 +57,8 @@ def checkpoint_step(checkpoint):
 def restore(model, checkpoint, log=None):
     """Loads a keras3 checkpoint, or a TensorFlow checkpoint of another
     engine (weights, the step and the optimizer's slots), into a compiled
-    model; returns the run's step.
+    model; returns the run's step. A keras3 checkpoint gives back the random
+    layers' seed states too (:mod:`.seeds`); ``log`` hears of those it lacks.
 
     Where another engine's optimizer state cannot move (an optimizer
     without a mapping, or slots the checkpoint lacks), the optimizer starts
@@ -64,7 +66,13 @@ def restore(model, checkpoint, log=None):
     empty averages, while the run's step goes on (:func:`start_at`); ``log``
     hears it once."""
     if ckpts.is_checkpoint(checkpoint):
-        return ckpts.restore(model, checkpoint)
+        step = ckpts.restore(model, checkpoint)
+        missed = seeds.restore(model, checkpoint)
+        if missed and log is not None:
+            log(f"{checkpoint} holds no seed state of the random layers {', '.join(missed)} "
+                f"(or of other ones): their draws start over, so this run is not bit-identical "
+                f"to one never stopped")
+        return step
     # Another helper's module: imported only where a TF checkpoint is met.
     from estimator_keras.engines.keras3 import migration  # pylint: disable=import-outside-toplevel
     step = int(migration.restore_tf_checkpoint(model, checkpoint))
