@@ -3,6 +3,12 @@ rest of the program asks about it (what it needs installed, which Keras and
 backends, which clusters and cloud jobs run it, which image a cloud job
 takes, how its checkpoints are told apart, and where its Engine lives).
 
+The entries are the one source: ``--engine auto``'s order (:func:`auto_order`),
+the Keras backends each engine trains on and those it refuses with the
+reason (read by :func:`estimator_keras.engines.keras_setup.check_backend`),
+and which engine wrote a checkpoint are fields here, never an engine's or a
+backend's name in the modules that ask (``tests/test_engine_house.py``).
+
 Entries import nothing heavy: each engine's package ``__init__`` defines its
 entry from package metadata and the environment alone, so ``list``,
 ``submit --dry-run`` and every launcher ask the registry without importing
@@ -188,6 +194,11 @@ class Entry:
             "several processes": (", ".join(self.multi_process_backends)
                                   if self.backends else "yes" if "worker" in self.cluster.tasks
                                   else "no"),
+            "refused Keras backends": "; ".join(f"{name}: {why}"
+                                                for name, why in self.refused_backends) or "none",
+            "--engine auto": (f"rank {self.auto:g}" + (f", {self.auto_when}" if self.auto_when
+                                                       else "")
+                              if self.auto else "only for the model dirs it wrote"),
             "cluster tasks": ", ".join(self.cluster.tasks),
             "strategies": ", ".join(self.cluster.strategies),
             "cloud jobs": ", ".join(self.job_kinds) or "none",
