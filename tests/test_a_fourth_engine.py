@@ -89,10 +89,11 @@ def test_auto_order_and_backends_are_its_entry_fields(registered):
     first = dataclasses.replace(registered, auto=0.5, auto_when="where registered")
     registry.register(first)
     assert registry.auto_rule() == "fourth where registered, else " + rule
-    assert engines.auto_from_metadata() == "fourth"
+    # Where tf.keras will be the Keras it trains (Keras 3 unless TF_USE_LEGACY_KERAS asks).
+    assert engines.auto_from_metadata({"TF_USE_LEGACY_KERAS": "0"}) == "fourth"
     assert engines.AUTO_RULE.startswith("fourth where registered, else estimator")
     registry.register(registered)
-    assert engines.auto_from_metadata() != "fourth"
+    assert engines.auto_from_metadata({"TF_USE_LEGACY_KERAS": "0"}) != "fourth"
     if fourth_engine.KERAS == 2:
         assert registered.backends == ()
         return
