@@ -106,7 +106,8 @@ class _Scan:
         return False
 
     def report(self, node, what):
-        self.found.append((node.lineno, f"{what}: {ast.get_source_segment(self.source, node)[:80]}"))
+        segment = ast.get_source_segment(self.source, node)[:80]
+        self.found.append((node.lineno, f"{what}: {segment}"))
 
     def scope(self, owner, inherited_local, inherited_derived):
         local, derived = set(inherited_local), set(inherited_derived)
