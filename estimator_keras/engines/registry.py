@@ -102,8 +102,8 @@ class Entry:
     """(backend, why it does not train there) for the Keras 3 backends it
     refuses by name; any other backend outside :attr:`keras_backends` is
     refused as unknown."""
-    auto: int = 0
-    """Its place in ``--engine auto``'s order (1 first; 0: auto picks it
+    auto: float = 0
+    """Its place in ``--engine auto``'s order (lowest first; 0: auto picks it
     only for a model dir it wrote). Auto takes the first that runs here on
     the Keras ``tf.keras`` is (or will be)."""
     auto_when: str = ""
