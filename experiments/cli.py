@@ -213,7 +213,7 @@ def main(argv=None):
         sys.stderr.write("interrupted\n")
         return 130
     except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] not in keras_setup.TENSORFLOW_STACK:
+        if (e.name or "").split(".")[0] not in keras_setup.TENSORFLOW_STACK_MODULES:
             _fail(e, args.verbose, internal=True)
             return 1
         _fail(EstimatorKerasError(

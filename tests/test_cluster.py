@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from estimator_keras.distribute import launcher
+from estimator_keras.distribute import groups, launcher
 from estimator_keras.distribute.launcher import (ClusterInterrupted, ClusterTaskError,
                                                  ClusterTimeoutError, free_ports,
                                                  launch_local_cluster)
@@ -335,6 +335,7 @@ def test_mirrored_on_two_cpu_devices_reduces():
 
 
 MWMS_TASK = """
+import json
 import tensorflow as tf  # imported only: no op may run before the strategy exists
 from estimator_keras.distribute.strategy import (choose_strategy, make_train_distribute,
                                                  num_replicas)
@@ -353,6 +354,25 @@ if strategy is not None:
             local, state = row.split()[1], row.split()[3]
             if state == "0A" and local.endswith(":" + port):
                 print("listens", table[-4:], local.split(":")[0], flush=True)
+    # The training group's collectives across the two processes (process 0:
+    # the chief), and its refusal of work one process does alone.
+    import numpy as np
+    from estimator_keras.distribute import groups
+    from estimator_keras.errors import ConfigError
+    group = groups.of(strategy)
+    rank = 0 if info.task_type == "chief" else 1 + info.task_index
+    sums = group.sums([np.array([rank + 1, 10], np.int32), np.full(2, 0.25 * rank, np.float32)])
+    first = group.from_process_0({"step": np.int32(100 + rank), "w": np.arange(3.0) * (rank + 1)})
+    try:
+        with group.alone():
+            alone = "ran"
+    except ConfigError as e:
+        alone = str(e)
+    print("group", json.dumps({
+        "multi_process": group.multi_process, "mean": group.mean([rank, 1.0]),
+        "sums": [v.tolist() for v in sums], "sum_dtypes": [v.dtype.name for v in sums],
+        "first": {k: np.asarray(v).tolist() for k, v in first.items()}, "alone": alone}),
+        flush=True)
 """
 
 # Addresses in /proc/net/tcp{,6}: every interface, and loopback.
@@ -382,6 +402,35 @@ def test_multi_worker_mirrored_on_a_local_cluster(tmp_path):
         assert listening and listening <= WILDCARDS, log
         assert not listening & LOOPBACKS
     assert "evaluator-0 none 1\n" in (tmp_path / "logs" / "evaluator-0.log").read_text()
+    # Both processes get the group's answers, not their own values.
+    for name in ("chief-0", "worker-0"):
+        log = (tmp_path / "logs" / f"{name}.log").read_text()
+        found = json.loads(next(line for line in log.splitlines()
+                                if line.startswith("group "))[len("group "):])
+        assert found["multi_process"] is True, found
+        assert found["sums"] == [[3, 20], [0.25, 0.25]], found
+        assert found["sum_dtypes"] == ["int32", "float32"], found
+        assert found["mean"] == [0.5, 1.0], found
+        assert found["first"] == {"step": 100, "w": [0.0, 1.0, 2.0]}, found
+        assert "alone() is not implemented across the processes" in found["alone"], found
+        assert "MultiWorkerMirroredStrategy" in found["alone"], found
+
+
+def test_a_group_of_several_processes_refuses_what_it_does_not_implement():
+    # No default answers for a group with this process's own values.
+    class Several(groups.TrainingGroup):
+        description = "3 processes of a test"
+        multi_process = True
+
+    group = Several()
+    calls = {"sums": lambda: group.sums([1.0]), "mean": lambda: group.mean([1.0]),
+             "from_process_0": lambda: group.from_process_0(1), "alone": group.alone}
+    for method, call in calls.items():
+        with pytest.raises(ConfigError, match=rf"^{method}\(\) is not implemented across the "
+                                              rf"processes of 3 processes of a test"):
+            call()
+    # One process alone: its own values are the group's.
+    assert groups.OneProcess().sums([2.0]) == [2.0] and groups.OneProcess().from_process_0(3) == 3
 
 
 # --------------------------------------------------------------------------- launcher

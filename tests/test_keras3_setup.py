@@ -178,7 +178,7 @@ def test_keras_backend_as_keras_picks_it(tmp_path):
     assert backend == "torch" and str(home / "keras.json") in origin
 
 
-@pytest.mark.parametrize("backend", sorted(keras_setup.TRAINING_BACKENDS))
+@pytest.mark.parametrize("backend", sorted(registry.get("keras3").backends))
 def test_backend_installed_or_named_extra(backend):
     environ = {"KERAS_BACKEND": backend}
     if keras_setup.backend_installed(backend):
@@ -194,12 +194,12 @@ def test_backend_installed_or_named_extra(backend):
     with pytest.raises(ConfigError) as e:
         keras_setup.check_backend(environ)
     assert f"KERAS_BACKEND={backend}" in str(e.value) and "not installed" in str(e.value)
-    assert keras_setup.TRAINING_BACKENDS[backend][1] in str(e.value)
+    assert registry.get("keras3").backend(backend).install in str(e.value)
     if backend == "jax":
         assert "pip install -e '.[jax]'" in str(e.value)
 
 
-@pytest.mark.parametrize("backend,match", [("jaxx", "expected one of tensorflow, jax \\("),
+@pytest.mark.parametrize("backend,match", [("jaxx", "expected one of jax, tensorflow \\("),
                                            ("numpy", "only runs inference")])
 def test_unknown_or_inference_backends_are_refused(backend, match):
     with pytest.raises(ConfigError, match=match):
@@ -301,18 +301,18 @@ def test_cli_keras3_without_keras3(tmp_path):
 def test_cli_unknown_backend(tmp_path):
     rc, _, err = _train(tmp_path, "--engine", "keras3", KERAS_BACKEND="tensorflw")
     _assert_refused_before_work(tmp_path, rc, err)
-    assert "KERAS_BACKEND=tensorflw" in err and "tensorflow, jax (" in err, err
+    assert "KERAS_BACKEND=tensorflw" in err and "jax, tensorflow (" in err, err
 
 
 @needs_keras3
 def test_cli_backend_not_installed_names_the_extra(tmp_path):
-    missing = [b for b in keras_setup.TRAINING_BACKENDS if not keras_setup.backend_installed(b)]
+    missing = [b for b in registry.get("keras3").backends if not keras_setup.backend_installed(b)]
     if not missing:
         pytest.skip("every training backend is installed here")
     rc, _, err = _train(tmp_path, "--engine", "keras3", KERAS_BACKEND=missing[0])
     _assert_refused_before_work(tmp_path, rc, err)
     assert f"KERAS_BACKEND={missing[0]}" in err and "not installed" in err, err
-    assert keras_setup.TRAINING_BACKENDS[missing[0]][1] in " ".join(err.split()), err
+    assert registry.get("keras3").backend(missing[0]).install in " ".join(err.split()), err
 
 
 @needs_keras3

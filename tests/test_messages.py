@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from estimator_keras import engines
 from estimator_keras.distribute.tf_config import parse_tf_config
-from estimator_keras.engines import keras_setup
+from estimator_keras.engines import keras_setup, registry
 from estimator_keras.engines.keras3 import advice
 from estimator_keras.errors import ConfigError
 from experiments import ExperimentConfig, context
@@ -37,7 +37,7 @@ def test_torch_backend_is_refused_naming_the_supported_ones(tmp_path):
         keras_setup.check_backend({"KERAS_BACKEND": "torch"})
     message = str(refused.value)
     assert "KERAS_BACKEND=torch" in message and "does not support" in message, message
-    assert "tensorflow or jax" in message and "pip install torch" not in message, message
+    assert "jax or tensorflow" in message and "pip install torch" not in message, message
     # From keras.json too.
     (tmp_path / "keras.json").write_text('{"backend": "torch"}')
     with pytest.raises(ConfigError, match=r"keras.json.*does not support"):
@@ -45,7 +45,7 @@ def test_torch_backend_is_refused_naming_the_supported_ones(tmp_path):
 
 
 def test_no_message_suggests_an_unsupported_backend():
-    assert sorted(keras_setup.TRAINING_BACKENDS) == ["jax", "tensorflow"]
+    assert sorted(registry.get("keras3").backends) == ["jax", "tensorflow"]
     with pytest.raises(ConfigError) as refused:
         keras_setup.check_backend({"KERAS_BACKEND": "jaxx"})
     assert "torch" not in str(refused.value)
@@ -60,14 +60,14 @@ def test_cli_refuses_torch_before_any_work(tmp_path):
                      tmp_path / "run", "--data-dir", tmp_path / "data", timeout=120,
                      env=child_env(KERAS_BACKEND="torch"))
     line = _one_error(rc, err)
-    assert "KERAS_BACKEND=torch" in line and "tensorflow or jax" in line, line
+    assert "KERAS_BACKEND=torch" in line and "jax or tensorflow" in line, line
     assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
 
 
 # ------------------------------------------------------------------ installing
 
 def test_install_hints_name_the_checkout_not_an_index():
-    for backend, (_, how) in keras_setup.TRAINING_BACKENDS.items():
+    for backend, how in ((b.name, b.install) for b in registry.get("keras3").keras_backends):
         assert "pip install -e '." in how and "checkout" in how, (backend, how)
     # No message of the package or its CLI names a distribution no index has.
     sources = glob.glob(os.path.join(ROOT, "estimator_keras", "**", "*.py"), recursive=True)

@@ -406,10 +406,10 @@ class JobSpec:
 
 def job_entry(engine: str) -> registry.Entry:
     """The registry entry a job of ``--engine engine`` runs: ``auto`` is the
-    engine it picks first where that engine's image has it (the first
-    registered), an unknown name a ConfigError."""
+    engine it picks first where that engine's image has it (the first of
+    the registry's auto order), an unknown name a ConfigError."""
     if engine == registry.AUTO:
-        return registry.entries()[0]
+        return (registry.auto_order() or registry.entries())[0]
     return registry.get(engine)
 
 

@@ -25,9 +25,14 @@ Example::
 
 import contextlib
 
+from estimator_keras.errors import ConfigError
+
 
 class TrainingGroup:
-    """The interface: defaults are those of one process alone."""
+    """The interface: defaults are those of one process alone, and refuse
+    (:meth:`refuse`) in a group of several processes that does not
+    implement them: none hands back one process's values as if they were
+    the group's."""
 
     description = None
     """What it runs, for the run's first line (None: the strategy's name says it)."""
@@ -66,6 +71,7 @@ class TrainingGroup:
 
     def alone(self):
         """Inside :meth:`fit_scope`: computes in this process only."""
+        self.refuse("alone")
         return contextlib.nullcontext()
 
     def distribute_dataset(self, dataset_fn):
@@ -76,18 +82,31 @@ class TrainingGroup:
     def mean(self, values):
         """The mean of ``values`` (a list of floats) over the processes;
         every process must call it at the same point."""
+        self.refuse("mean")
         return [float(v) for v in values]
 
     def sums(self, values):
         """The sums of ``values`` (a list of numpy arrays, the same shapes in
         every process) over the processes; every process must call it at the
         same point."""
+        self.refuse("sums")
         return list(values)
 
     def from_process_0(self, values):
         """Process 0's ``values`` in every process (numbers or numpy arrays,
         nested); every process must call it at the same point."""
+        self.refuse("from_process_0")
         return values
+
+    def refuse(self, method, why=""):
+        """Raises ConfigError where several processes train together and
+        ``method`` has no implementation across them (``why``: the reason)."""
+        if self.multi_process:
+            raise ConfigError(
+                f"{method}() is not implemented across the processes of "
+                f"{self.description or type(self).__name__}"
+                f"{': ' + why if why else ''}; one process's own answer would be wrong for "
+                f"the group, so the engine cannot run this way here.")
 
 
 class OneProcess(TrainingGroup):
@@ -95,7 +114,11 @@ class OneProcess(TrainingGroup):
 
 
 class StrategyGroup(TrainingGroup):
-    """A ``tf.distribute`` strategy."""
+    """A ``tf.distribute`` strategy. Across the processes of a TF_CONFIG
+    cluster, :meth:`mean`, :meth:`sums` and :meth:`from_process_0` are the
+    strategy's own all-reduce (MultiWorkerMirroredStrategy); other
+    multi-process strategies (parameter servers, whose workers run no
+    Python of ours) and :meth:`alone` there are refused."""
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -114,12 +137,59 @@ class StrategyGroup(TrainingGroup):
     def distribute_dataset(self, dataset_fn):
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
+    def alone(self):
+        self.refuse("alone", "under MultiWorkerMirroredStrategy a model's variables and steps "
+                             "are collective, so no process computes with them by itself")
+        return contextlib.nullcontext()
+
     def mean(self, values):
+        if not self.multi_process:
+            return [float(v) for v in values]
+        # pylint: disable=import-outside-toplevel
+        import numpy as np
+        totals = self._sum_over_processes([np.asarray(values, np.float64)], "mean")[0]
+        return [float(v) for v in totals / self._processes()]
+
+    def sums(self, values):
+        if not self.multi_process:
+            return list(values)
+        return self._sum_over_processes(list(values), "sums")
+
+    def from_process_0(self, values):
+        if not self.multi_process:
+            return values
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        mine = tf.constant(values, tf.float32)
-        reduced = self.strategy.reduce(tf.distribute.ReduceOp.MEAN,
-                                       self.strategy.run(lambda: mine), axis=None)
-        return [float(v) for v in reduced.numpy()]
+        flat = tf.nest.flatten(values)
+        # Process 0 (the chief, else worker 0) is the first of the cluster's
+        # replicas; every other replica adds zeros.
+        found = self._sum_over_processes(flat, "from_process_0", only_replica_0=True)
+        return tf.nest.pack_sequence_as(values, found)
+
+    def _processes(self):
+        return self.num_replicas_in_sync // len(self.strategy.extended.worker_devices)
+
+    def _sum_over_processes(self, values, method, only_replica_0=False):
+        """The sums over the processes of ``values`` (numbers or numpy
+        arrays): each process's first replica adds its values, its other
+        replicas zeros (or only the cluster's replica 0 adds its own)."""
+        # pylint: disable=import-outside-toplevel
+        import numpy as np
+        import tensorflow as tf
+        if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            self.refuse(method, f"{type(self.strategy).__name__} has no all-reduce between "
+                                f"the processes' own values")
+        local = len(self.strategy.extended.worker_devices)
+        arrays = [np.asarray(v) for v in values]
+        found = []
+        for array in arrays:
+            def value_fn(context, array=array):
+                replica = context.replica_id_in_sync_group
+                adds = replica == 0 if only_replica_0 else replica % local == 0
+                return tf.constant(array if adds else np.zeros_like(array))
+            per_replica = self.strategy.experimental_distribute_values_from_function(value_fn)
+            total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            found.append(np.asarray(total.numpy(), array.dtype))
+        return found
 
 
 def of(strategy):

@@ -38,7 +38,14 @@ from estimator_keras.engines import keras_setup, registry
 from estimator_keras.errors import ConfigError
 
 AUTO = registry.AUTO
-AUTO_RULE = "estimator where available, else keras where tf-keras is, else keras3"
+
+
+def __getattr__(name):
+    # AUTO_RULE: --engine auto's order in words, from the registry when asked
+    # (an engine registered later is in it).
+    if name == "AUTO_RULE":
+        return registry.auto_rule()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def names():
@@ -65,24 +72,28 @@ def describe():
     return [(name, text) for name, _, text in statuses()]
 
 
+def _auto_pick(keras, runs):
+    """The first engine of auto's order that trains ``keras`` (2 or 3) and
+    ``runs(entry)``; else the last of that Keras in auto's order (whose
+    refusal then says what is missing)."""
+    order = registry.auto_order()
+    fits = [entry for entry in order if entry.keras == keras] or order
+    return next((entry for entry in fits if runs(entry)), fits[-1]).name
+
+
 def auto_from_metadata(environ=os.environ, model_dir=None):
     """What ``--engine auto`` picks, judged from package metadata alone (for
-    launchers that should not load TensorFlow): estimator where it exists,
-    else keras where tf-keras would be tf.keras (or TensorFlow 2.15 without
-    tf.estimator), else keras3 where Keras 3 is installed. A model dir the
-    keras3 engine wrote stays on keras3 where it can run."""
+    launchers that should not load TensorFlow): the first engine of the
+    registry's auto order (see :func:`estimator_keras.engines.registry.auto_rule`)
+    that is available and trains the Keras ``tf.keras`` will be. A model dir
+    an engine wrote with its own files stays on that engine where it can run."""
     available = {name: ok for name, ok, _ in statuses()}
     from estimator_keras.engines import model_dirs  # pylint: disable=import-outside-toplevel
     marked = model_dirs.marked_by(model_dir)
     if marked is not None and available.get(marked):
         return marked
-    if available["estimator"]:
-        return "estimator"
-    tf_version = keras_setup.tensorflow_installed_version()
-    old_tf = tf_version is not None and keras_setup.version_tuple(tf_version) < (2, 16)
-    if old_tf or keras_setup.legacy_keras_wanted(environ) or not available["keras3"]:
-        return "keras"
-    return "keras3"
+    return _auto_pick(keras_setup.tf_keras_major(environ),
+                      lambda entry: available.get(entry.name))
 
 
 def prepare_keras(engine_name="auto", environ=os.environ, model_dir=None):
@@ -107,14 +118,14 @@ def prepare_keras(engine_name="auto", environ=os.environ, model_dir=None):
         name = auto_from_metadata(environ, model_dir)
     if registry.get(name).keras == 3:
         check_keras3_installed(name)
-        keras_setup.check_backend(environ)
-        keras_setup.use_keras3(environ)
+        keras_setup.check_backend(environ, name)
+        keras_setup.use_keras3(environ, name)
     else:
         keras_setup.prefer_legacy_keras(environ)
     return name
 
 
-def check_keras3_installed(engine="keras3"):
+def check_keras3_installed(engine):
     """Raises ConfigError when a Keras 3 engine cannot run here (from metadata)."""
     missing = keras_setup.no_keras3_message(engine=engine)
     if missing:
@@ -141,7 +152,7 @@ def estimator_available():
         return False
     try:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        return hasattr(tf, "estimator") and hasattr(tf.estimator, "Estimator")
+        return isinstance(tf.estimator.Estimator, type)
     except Exception:  # pylint: disable=broad-except  (a broken install is "not available")
         return False
 
@@ -235,12 +246,12 @@ def cluster_info(engine, environ=os.environ):
     return (group.cluster_info() if group is not None else info), group
 
 
-def check_keras3(engine="keras3"):
+def check_keras3(engine):
     """Raises ConfigError unless a Keras 3 engine can run in this process:
     Keras 3 installed and as tf.keras, on a backend it can train on."""
     check_keras3_installed(engine)
-    keras_setup.check_backend(os.environ)
-    keras_setup.use_keras3(os.environ)
+    keras_setup.check_backend(os.environ, engine)
+    keras_setup.use_keras3(os.environ, engine)
     if keras_major_version() != 3:
         raise ConfigError(
             f"the {engine} engine needs Keras 3 as tf.keras, but tf.keras does not import "
@@ -269,39 +280,36 @@ def auto_for_model_dir(model_dir):
 def resolve_engine(requested="auto", model_dir=None):
     """The engine to train with: ``requested``, or for "auto" (or None) the
     engine that wrote ``model_dir``'s checkpoint where it runs here (see
-    :func:`auto_for_model_dir`), else ``estimator`` where
-    ``tensorflow_estimator`` imports, else ``keras`` where tf.keras is Keras
-    2, else ``keras3``.
+    :func:`auto_for_model_dir`), else the first engine of the registry's
+    auto order that trains the Keras ``tf.keras`` is and runs in this
+    process (its entry's ``cannot_run``).
 
     Raises:
-      ConfigError: an unknown name, the estimator engine where the Estimator
-        does not exist, no Keras 2 for estimator or keras, no usable Keras 3
-        for keras3.
+      ConfigError: an unknown name, an engine whose entry says it cannot run
+        here (the estimator engine without tf.estimator), no Keras 2 for a
+        Keras 2 engine, no usable Keras 3 for a Keras 3 engine.
     """
     requested = requested or AUTO
     if requested not in choices():
         raise ConfigError(f"unknown engine {requested!r}; expected one of {', '.join(choices())}.")
     if requested == AUTO and model_dir:
         requested = auto_for_model_dir(model_dir)
-    if requested != AUTO and registry.get(requested).keras == 3:
-        check_keras3(requested)
-        return requested
-    available = estimator_available()
     if requested == AUTO:
-        if available:
-            return resolve_engine("estimator")
-        if keras_major_version() == 3 and keras_setup.keras3_installed_version():
-            return resolve_engine("keras3")
-        requested = "keras"
-    if requested == "estimator" and not available:
-        raise ConfigError(
-            f"the estimator engine needs tf.estimator, which ended with TensorFlow 2.15 and "
-            f"tensorflow-estimator 2.15 (this is TensorFlow {tensorflow_version()}"
-            f"{'' if importlib.util.find_spec('tensorflow_estimator') else ', without tensorflow-estimator'}"
-            f"). Use --engine keras (Model.fit) or --engine keras3 (Keras 3) here, or install "
-            f"tensorflow-cpu==2.15.* and tensorflow-estimator==2.15.* on Python <= 3.11.")
-    check_keras2(requested)
+        requested = _auto_pick(keras_major_version() or 2,
+                               lambda entry: not _cannot_run(entry))
+    entry = registry.get(requested)
+    if entry.keras == 3:
+        check_keras3(requested)
+    why = _cannot_run(entry)
+    if why:
+        raise ConfigError(why)
+    if entry.keras != 3:
+        check_keras2(requested)
     return requested
+
+
+def _cannot_run(entry):
+    return entry.cannot_run() if entry.cannot_run is not None else ""
 
 
 def get_engine(name):

@@ -25,23 +25,13 @@ BACKEND_VARIABLE = "KERAS_BACKEND"
 # What TensorFlow's lazy tf.keras loader takes for "use tf-keras".
 _TRUE_VALUES = ("true", "True", "1")
 
-# The Keras 3 backends the keras3 engine trains on: the modules that must be
-# importable, and how to install them (the package is installed from its
-# checkout, not from an index).
-TRAINING_BACKENDS = {
-    "tensorflow": (("tensorflow",), "`pip install -e '.[cpu]'` (or '.[gpu]') in the folder of "
-                                    "your estimator-keras checkout"),
-    "jax": (("jax", "jaxlib"), "`pip install -e '.[jax]'` in the folder of your estimator-keras "
-                               "checkout"),
-}
-# Keras 3 backends that run inference only: Model.fit does not exist there.
-INFERENCE_BACKENDS = ("numpy", "openvino")
-# Keras 3 backends that train, but not with this package: no engine feeds
-# them, and nothing here is tested on them.
-UNSUPPORTED_BACKENDS = ("torch",)
+# Keras 3's backend where neither KERAS_BACKEND nor keras.json names one;
+# Keras 2 computes with TensorFlow too. Which backends an engine trains on,
+# and why it refuses others, its registry entry says.
+KERAS_DEFAULT_BACKEND = "tensorflow"
 
 # The modules of TensorFlow's stack that a missing install shows up as.
-TENSORFLOW_STACK = ("tensorflow", "tensorflow_estimator", "tf_keras")
+TENSORFLOW_STACK_MODULES = ("tensorflow", "tensorflow_estimator", "tf_keras")
 
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
                             "tensorflow-intel", "tensorflow-macos")
@@ -122,51 +112,64 @@ def keras_backend(environ=os.environ):
         backend = None
     if backend:
         return backend, f"the backend {backend!r} in {path} ({BACKEND_VARIABLE} is unset)"
-    return "tensorflow", f"Keras' default ({BACKEND_VARIABLE} is unset)"
+    return KERAS_DEFAULT_BACKEND, f"Keras' default ({BACKEND_VARIABLE} is unset)"
+
+
+def _backend(name):
+    """The :class:`~estimator_keras.engines.registry.Backend` of that name
+    some engine trains on, or None."""
+    from estimator_keras.engines import registry  # pylint: disable=import-outside-toplevel
+    return next((entry.backend(name) for entry in registry.entries() if entry.backend(name)),
+                None)
 
 
 def backend_installed(backend):
-    modules, _ = TRAINING_BACKENDS[backend]
-    return all(importlib.util.find_spec(m) is not None for m in modules)
+    """Whether the modules a training backend needs are installed (from
+    metadata); False for a backend no engine trains on."""
+    spec = _backend(backend)
+    return spec is not None and all(importlib.util.find_spec(m) is not None
+                                    for m in spec.modules)
 
 
-def usable_backends():
-    """[(backend, version)] of the training backends installed here, from metadata."""
-    found = []
-    for backend, (modules, _) in TRAINING_BACKENDS.items():
-        if backend_installed(backend):
-            version = (tensorflow_installed_version() if backend == "tensorflow"
-                       else installed_version(modules[0]))
-            found.append((backend, version))
-    return found
+def usable_backends(backends):
+    """[(backend, version)] of these :class:`~estimator_keras.engines.registry.Backend`
+    that are installed here, from metadata."""
+    return [(spec.name, installed_version(*(spec.distributions or spec.modules[:1])))
+            for spec in backends if backend_installed(spec.name)]
 
 
-def check_backend(environ=os.environ):
-    """Raises ConfigError unless Keras 3's backend is one the keras3 engine
-    can train on and it is installed; returns the backend's name."""
+def check_backend(environ=os.environ, engine=None):
+    """Raises ConfigError unless Keras 3's backend is one ``engine`` trains
+    on (its registry entry's ``keras_backends``; None: any engine with Keras
+    3 backends) and it is installed; returns the backend's name. A backend
+    the entry refuses is refused with the entry's reason."""
+    from estimator_keras.engines import registry  # pylint: disable=import-outside-toplevel
+    entries = ([registry.get(engine)] if engine else
+               [entry for entry in registry.entries() if entry.keras_backends])
+    who = " or ".join(f"the {entry.name} engine" for entry in entries) or "no engine"
+    names = []
+    for entry in entries:
+        names += [name for name in entry.backends if name not in names]
     backend, origin = keras_backend(environ)
-    if backend in INFERENCE_BACKENDS:
+    if backend not in names:
+        refusals = [entry.refusal(backend) for entry in entries if entry.refusal(backend)]
+        if refusals:
+            raise ConfigError(
+                f"{origin} names Keras 3's {backend} backend, which {who} cannot train on: "
+                f"{refusals[0]}. It trains on {' or '.join(names)} only: set "
+                f"{BACKEND_VARIABLE} to one of them.")
         raise ConfigError(
-            f"{origin} names a Keras 3 backend that only runs inference ({backend} has no "
-            f"Model.fit), so the keras3 engine cannot train on it. Set {BACKEND_VARIABLE} to "
-            f"one of {', '.join(TRAINING_BACKENDS)}.")
-    if backend in UNSUPPORTED_BACKENDS:
-        raise ConfigError(
-            f"{origin} names Keras 3's {backend} backend, which estimator-keras does not "
-            f"support: the keras3 engine trains on {' or '.join(TRAINING_BACKENDS)} only. Set "
-            f"{BACKEND_VARIABLE}=tensorflow (the default) or {BACKEND_VARIABLE}=jax.")
-    if backend not in TRAINING_BACKENDS:
-        raise ConfigError(
-            f"{origin} is not a Keras 3 backend the keras3 engine can train on; expected one "
-            f"of {', '.join(TRAINING_BACKENDS)} (tensorflow where {BACKEND_VARIABLE} is unset).")
+            f"{origin} is not a Keras 3 backend {who} can train on; expected one of "
+            f"{', '.join(names)} (Keras takes {KERAS_DEFAULT_BACKEND} where {BACKEND_VARIABLE} "
+            f"is unset).")
+    spec = _backend(backend)
     if not backend_installed(backend):
-        missing = [m for m in TRAINING_BACKENDS[backend][0]
-                   if importlib.util.find_spec(m) is None]
+        missing = [m for m in spec.modules if importlib.util.find_spec(m) is None]
         raise ConfigError(
             f"{origin} asks Keras 3 for the {backend} backend, but {' and '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not installed in this environment "
-            f"({sys.executable}). Install with {TRAINING_BACKENDS[backend][1]}, or unset "
-            f"{BACKEND_VARIABLE} to train on the TensorFlow backend.")
+            f"({sys.executable}). Install with {spec.install}, or unset "
+            f"{BACKEND_VARIABLE} to train on Keras' default backend ({KERAS_DEFAULT_BACKEND}).")
     keras = sys.modules.get("keras")
     version = getattr(keras, "__version__", "") if keras is not None else ""
     if version_tuple(version) >= (3,):
@@ -180,39 +183,53 @@ def check_backend(environ=os.environ):
     return backend
 
 
-def backend_devices(engine_name):
-    """(backend, platform, count): what ``engine_name`` computes with, and
-    this process's devices as that backend sees them ("cpu", "gpu" or
-    "tpu"). Imports the backend: call it once the engine's Keras is
-    imported (and a JAX process group joined)."""
-    # pylint: disable=import-outside-toplevel  (see the module docstring)
-    from estimator_keras.engines import registry
-    backend = "tensorflow"
-    if registry.get(engine_name).keras == 3:
-        import keras
-        backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-        devices = jax.local_devices()
-        return backend, devices[0].platform, len(devices)
-    import tensorflow as tf
+def tensorflow_devices():
+    """(platform, count) of this process's devices as TensorFlow sees them."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     for platform in ("TPU", "GPU"):
         found = tf.config.list_physical_devices(platform)
         if found:
-            return backend, platform.lower(), len(found)
-    return backend, "cpu", 1
+            return platform.lower(), len(found)
+    return "cpu", 1
 
 
-def no_keras3_message(tf_version=None, engine="keras3"):
-    """Why the keras3 engine cannot run here, from metadata; None when it can."""
+def backend_devices(engine_name):
+    """(backend, platform, count): what ``engine_name`` computes with, and
+    this process's devices as that backend sees them ("cpu", "gpu" or
+    "tpu"; the entry's backend says how to ask). Imports the backend: call
+    it once the engine's Keras is imported (and a process group joined)."""
+    # pylint: disable=import-outside-toplevel  (see the module docstring)
+    from estimator_keras.engines import registry
+    entry = registry.get(engine_name)
+    backend = KERAS_DEFAULT_BACKEND
+    if entry.keras == 3:
+        import keras
+        backend = keras.config.backend()
+    spec = entry.backend(backend)
+    platform, count = (spec.devices if spec is not None and spec.devices
+                       else tensorflow_devices)()
+    return backend, platform, count
+
+
+def tf_keras_major(environ=os.environ):
+    """The Keras ``tf.keras`` will be here (2 or 3), from metadata alone: 2
+    where tf-keras would be tf.keras or Keras 3 cannot run (TensorFlow
+    <= 2.15, or no Keras 3), else 3."""
+    return 2 if legacy_keras_wanted(environ) or no_keras3_message() else 3
+
+
+def no_keras3_message(tf_version=None, engine=None):
+    """Why a Keras 3 engine (``engine``, or any) cannot run here, from
+    metadata; None when it can."""
+    who = f"the {engine} engine" if engine else "a Keras 3 engine"
     tf_version = tf_version or tensorflow_installed_version()
     keras_version = installed_version("keras")
     if tf_version is None:
-        return ("TensorFlow is not installed (the keras3 engine reads its input with "
+        return (f"TensorFlow is not installed ({who} reads its input with "
                 "tf.data): pip install -e '.[cpu]' on Python 3.12+ brings TensorFlow 2.21 "
                 "and Keras 3")
     if version_tuple(tf_version) < (2, 16):
-        return (f"TensorFlow {tf_version} comes with Keras 2; the {engine} engine needs "
+        return (f"TensorFlow {tf_version} comes with Keras 2; {who} needs "
                 f"TensorFlow 2.16+ and Keras 3 (pip install -e '.[cpu]' on Python 3.12+, '.[keras-cpu]' "
                 f"on 3.11)")
     if keras_version is None or version_tuple(keras_version) < (3,):
@@ -222,27 +239,29 @@ def no_keras3_message(tf_version=None, engine="keras3"):
     return None
 
 
-def use_keras3(environ=os.environ):
-    """Makes ``tf.keras`` Keras 3 for the keras3 engine: an explicit engine
+def use_keras3(environ=os.environ, engine=None):
+    """Makes ``tf.keras`` Keras 3 for a Keras 3 engine (``engine``, for
+    messages): an explicit engine
     choice wins over ``TF_USE_LEGACY_KERAS=1`` (which this package sets on
     import where tf-keras is installed). Too late once TensorFlow has handed
     out Keras 2: then ConfigError."""
     if legacy_keras_requested(environ):
         # TensorFlow reads the variable when tf.keras is first touched.
         environ[LEGACY_KERAS_VARIABLE] = "0"
+    who = f"the {engine} engine" if engine else "a Keras 3 engine"
     tf = sys.modules.get("tensorflow")
     if tf is None:
         return
     try:
         module = tf.keras.Model.__module__
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"the keras3 engine needs Keras 3 as tf.keras, but tf.keras does "
+        raise ConfigError(f"{who} needs Keras 3 as tf.keras, but tf.keras does "
                           f"not import (TensorFlow {tf.__version__}): {e}") from e
     if ".engine." in module or not module.startswith("keras."):
         raise ConfigError(
-            f"the keras3 engine needs Keras 3 as tf.keras, but TensorFlow {tf.__version__} "
+            f"{who} needs Keras 3 as tf.keras, but TensorFlow {tf.__version__} "
             f"was imported and handed out Keras 2 ({module}) before the engine was chosen. "
-            f"Call estimator_keras.engines.prepare_keras('keras3') before importing "
+            f"Call estimator_keras.engines.prepare_keras({engine or 'ENGINE'!r}) before importing "
             f"tensorflow, or set {LEGACY_KERAS_VARIABLE}=0 in the environment.")
 
 

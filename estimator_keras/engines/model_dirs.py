@@ -5,7 +5,7 @@ of a model dir that an engine cannot continue.
 An engine whose checkpoints are its own files (a registry entry with a
 ``marker``) is known from file names without TensorFlow; TensorFlow
 checkpoints are attributed by asking each entry's ``claims`` in registry
-order, which imports TensorFlow.
+order, and else to the entry that claims the rest, which imports TensorFlow.
 """
 
 from estimator_keras import checkpoints
@@ -42,13 +42,13 @@ def any_checkpoint(model_dir):
 
 def checkpoint_engine(checkpoint):
     """The engine that wrote a TensorFlow checkpoint: the first entry whose
-    ``claims`` accepts it, or None."""
+    ``claims`` accepts it, else the first that claims the rest, or None."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     reader = tf.train.load_checkpoint(checkpoint)
     for entry in registry.entries():
         if entry.claims is not None and entry.claims(reader):
             return entry.name
-    return None
+    return next((entry.name for entry in registry.entries() if entry.claims_the_rest), None)
 
 
 def engine_of(model_dir):
@@ -62,10 +62,16 @@ def engine_of(model_dir):
 
 
 def check_can_continue(model_dir, engine):
-    """Raises EngineMismatchError where another engine's own files in
-    ``model_dir`` are what ``engine`` cannot continue (the writer's entry
-    words the refusal)."""
+    """Raises EngineMismatchError where ``model_dir``'s newest checkpoint
+    (another engine's own files, or a TensorFlow checkpoint another engine
+    claims) is what ``engine`` cannot continue: the writer's entry words the
+    refusal. Imports TensorFlow unless an engine's own files are there."""
     marked = marked_by(model_dir)
+    if marked is None:
+        # Only a writer that refuses others needs the checkpoint read.
+        if not any(e.refuse_model_dir for e in registry.entries() if e.claims is not None):
+            return
+        marked = engine_of(model_dir)
     if marked is None or marked == engine or marked in registry.get(engine).continues:
         return
     refuse = registry.get(marked).refuse_model_dir

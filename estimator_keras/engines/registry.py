@@ -3,6 +3,12 @@ rest of the program asks about it (what it needs installed, which Keras and
 backends, which clusters and cloud jobs run it, which image a cloud job
 takes, how its checkpoints are told apart, and where its Engine lives).
 
+The entries are the one source: ``--engine auto``'s order (:func:`auto_order`),
+the Keras backends each engine trains on and those it refuses with the
+reason (read by :func:`estimator_keras.engines.keras_setup.check_backend`),
+and which engine wrote a checkpoint are fields here, never an engine's or a
+backend's name in the modules that ask (``tests/test_engine_house.py``).
+
 Entries import nothing heavy: each engine's package ``__init__`` defines its
 entry from package metadata and the environment alone, so ``list``,
 ``submit --dry-run`` and every launcher ask the registry without importing
@@ -52,6 +58,26 @@ class Cluster:
 
 
 @dataclasses.dataclass(frozen=True)
+class Backend:
+    """A Keras 3 backend an engine trains on."""
+
+    name: str
+    """``KERAS_BACKEND``'s value."""
+    modules: Tuple[str, ...]
+    """The modules that must be importable for it."""
+    install: str
+    """How to install them (a command, for messages)."""
+    distributions: Tuple[str, ...] = ()
+    """The distributions whose installed version ``list`` shows (the first
+    installed); empty: the first module's."""
+    multi_process: bool = False
+    """Several processes train together on it."""
+    devices: Optional[Callable[[], Tuple[str, int]]] = None
+    """``fn() -> (platform, count)``: this process's devices as the backend
+    sees them ("cpu", "gpu" or "tpu"); None: TensorFlow's."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Entry:
     """One engine, as every module outside its folder sees it."""
 
@@ -69,11 +95,23 @@ class Entry:
     """The Keras major version it needs as ``tf.keras`` (2 or 3)."""
     cluster: Cluster
     """The tasks and strategies it runs."""
-    backends: Tuple[str, ...] = ()
+    keras_backends: Tuple[Backend, ...] = ()
     """Keras 3 backends it trains on (``KERAS_BACKEND``), the first a cloud
     job's default; empty: it trains on TensorFlow's own ``tf.keras``."""
-    multi_process_backends: Tuple[str, ...] = ()
-    """Of :attr:`backends`, those on which several processes train together."""
+    refused_backends: Tuple[Tuple[str, str], ...] = ()
+    """(backend, why it does not train there) for the Keras 3 backends it
+    refuses by name; any other backend outside :attr:`keras_backends` is
+    refused as unknown."""
+    auto: float = 0
+    """Its place in ``--engine auto``'s order (lowest first; 0: auto picks it
+    only for a model dir it wrote). Auto takes the first that runs here on
+    the Keras ``tf.keras`` is (or will be)."""
+    auto_when: str = ""
+    """When auto picks it, in words ("where available"), for ``list``."""
+    cannot_run: Optional[Callable[[], str]] = None
+    """``fn() -> str``: once ``tf.keras`` is its Keras (TensorFlow imported),
+    why it cannot train in this process ("" where it can), or None where its
+    Keras is all it needs."""
     processes: Optional[Callable] = None
     """``fn(environ, cluster_info)``: the process group it trains with outside
     TensorFlow's runtime (a :class:`~estimator_keras.distribute.groups.ProcessGroup`
@@ -99,13 +137,17 @@ class Entry:
     """``fn(reader) -> bool`` for a TensorFlow checkpoint's
     ``tf.train.CheckpointReader``: this engine wrote it. Entries are asked
     in registry order."""
+    claims_the_rest: bool = False
+    """It wrote every TensorFlow checkpoint that no entry's :attr:`claims`
+    accepts (a plain object-based checkpoint of a Keras model)."""
     newest: Optional[Callable[[str], Optional[str]]] = None
     """``fn(model_dir)``: its newest checkpoint where :attr:`marker` is set
     (TensorFlow checkpoints are found by TensorFlow)."""
     refuse_model_dir: Optional[Callable[[str, str], None]] = None
     """``fn(model_dir, engine)``: raises EngineMismatchError where ``engine``
-    (another engine) cannot continue a model dir this one wrote, or None
-    where every engine can."""
+    (another engine, not among those that list it in :attr:`continues`)
+    cannot continue a model dir this one wrote, or None where every engine
+    can."""
     continues: Tuple[str, ...] = ()
     """Other engines whose model dirs it continues (their checkpoints load)."""
     no_tf_multi_worker: str = ""
@@ -123,6 +165,24 @@ class Entry:
     """``fn(backend, platform, model, processes) -> str or None``: a warning
     for a setup known to be much slower for ``model``."""
 
+    @property
+    def backends(self):
+        """The names of :attr:`keras_backends`."""
+        return tuple(backend.name for backend in self.keras_backends)
+
+    @property
+    def multi_process_backends(self):
+        """Of :attr:`backends`, those on which several processes train together."""
+        return tuple(backend.name for backend in self.keras_backends if backend.multi_process)
+
+    def backend(self, name):
+        """The :class:`Backend` of that name it trains on, or None."""
+        return next((b for b in self.keras_backends if b.name == name), None)
+
+    def refusal(self, backend):
+        """Why it refuses ``backend`` by name, or None."""
+        return dict(self.refused_backends).get(backend)
+
     def facts(self):
         """What the entry says, in words: {field: text}, in the order
         ``show --engine`` and the docs' engine table give them."""
@@ -134,6 +194,11 @@ class Entry:
             "several processes": (", ".join(self.multi_process_backends)
                                   if self.backends else "yes" if "worker" in self.cluster.tasks
                                   else "no"),
+            "refused Keras backends": "; ".join(f"{name}: {why}"
+                                                for name, why in self.refused_backends) or "none",
+            "--engine auto": (f"rank {self.auto:g}" + (f", {self.auto_when}" if self.auto_when
+                                                       else "")
+                              if self.auto else "only for the model dirs it wrote"),
             "cluster tasks": ", ".join(self.cluster.tasks),
             "strategies": ", ".join(self.cluster.strategies),
             "cloud jobs": ", ".join(self.job_kinds) or "none",
@@ -203,6 +268,16 @@ def find(name):
     """The entry of ``name``, or None."""
     _load_built_in()
     return _ENTRIES.get(name)
+
+
+def auto_order():
+    """The entries ``--engine auto`` considers, in its order."""
+    return sorted((entry for entry in entries() if entry.auto), key=lambda entry: entry.auto)
+
+
+def auto_rule():
+    """``--engine auto``'s order in words, for ``list`` and ``--help``."""
+    return ", else ".join(f"{entry.name} {entry.auto_when}".strip() for entry in auto_order())
 
 
 def with_job_kind(kind):

@@ -20,6 +20,20 @@ def _status(tf_version):
     return True, f"available (TensorFlow {tf_version}, tensorflow-estimator {estimator})"
 
 
+def _cannot_run():
+    """Why tf.estimator does not import in this process, or ""."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    from estimator_keras import engines  # pylint: disable=import-outside-toplevel
+    if engines.estimator_available():
+        return ""
+    installed = importlib.util.find_spec("tensorflow_estimator") is not None
+    return (f"the estimator engine needs tf.estimator, which ended with TensorFlow 2.15 and "
+            f"tensorflow-estimator 2.15 (this is TensorFlow {engines.tensorflow_version()}"
+            f"{'' if installed else ', without tensorflow-estimator'}). Use --engine keras "
+            f"(Model.fit) or --engine keras3 (Keras 3) here, or install tensorflow-cpu==2.15.* "
+            f"and tensorflow-estimator==2.15.* on Python <= 3.11.")
+
+
 def _claims(reader):
     from estimator_keras.engines.estimator import checkpoints  # pylint: disable=import-outside-toplevel
     return checkpoints.claims(reader)
@@ -65,4 +79,7 @@ ENTRY = Entry(
     trainjob_runtime=TENSORFLOW_RUNTIME,
     prebuilt_image="2-15",
     claims=_claims,
+    auto=1,
+    auto_when="where available",
+    cannot_run=_cannot_run,
 )

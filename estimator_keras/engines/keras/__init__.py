@@ -21,13 +21,6 @@ def _status(tf_version):
                    f"'tf-keras~={'.'.join(tf_version.split('.')[:2])}.0')")
 
 
-def _claims(reader):
-    """Every TensorFlow checkpoint the estimator engine (asked first) did
-    not write: the keras engine saves the model and its optimizer."""
-    del reader
-    return True
-
-
 ENTRY = Entry(
     name="keras",
     engine="estimator_keras.engines.keras.engine:KerasEngine",
@@ -42,6 +35,10 @@ ENTRY = Entry(
     prebuilt_image="2-17",
     # The 2.17 image's own Keras is Keras 3; tf-keras 2.17 needs its tensorflow 2.17.
     image_requires=("tf-keras~=2.17.0",),
-    claims=_claims,
+    # Its checkpoints are plain object-based checkpoints of the model and its
+    # optimizer: every TensorFlow checkpoint no other engine claims.
+    claims_the_rest=True,
     continues=("estimator",),
+    auto=2,
+    auto_when="where tf-keras is",
 )

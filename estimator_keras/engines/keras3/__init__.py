@@ -12,7 +12,7 @@ Keras or JAX.
 
 from estimator_keras.engines import keras_setup
 from estimator_keras.engines.keras3 import checkpoints
-from estimator_keras.engines.registry import Cluster, Entry
+from estimator_keras.engines.registry import Backend, Cluster, Entry
 from estimator_keras.errors import ConfigError
 
 MULTI_WORKER_ISSUE = "keras-team/keras#20585"
@@ -23,13 +23,41 @@ NO_TF_MULTI_WORKER = ("Keras 3's Model.fit does not run under TensorFlow's "
 MULTI_PROCESS_BACKEND = "jax"
 
 
+def _jax_devices():
+    import jax  # pylint: disable=import-outside-toplevel  (once the engine runs)
+    devices = jax.local_devices()
+    return devices[0].platform, len(devices)
+
+
+# The backends it trains on, installed from the package's checkout (not
+# from an index); the first a cloud job's default.
+BACKENDS = (
+    Backend(MULTI_PROCESS_BACKEND, ("jax", "jaxlib"),
+            "`pip install -e '.[jax]'` in the folder of your estimator-keras checkout",
+            multi_process=True, devices=_jax_devices),
+    Backend("tensorflow", ("tensorflow",),
+            "`pip install -e '.[cpu]'` (or '.[gpu]') in the folder of your estimator-keras "
+            "checkout", distributions=keras_setup.TENSORFLOW_DISTRIBUTIONS),
+)
+_INFERENCE_ONLY = "it only runs inference (it has no Model.fit)"
+REFUSED_BACKENDS = (
+    ("numpy", _INFERENCE_ONLY),
+    ("openvino", _INFERENCE_ONLY),
+    # It trains, but no engine here feeds it, and nothing here is tested on it.
+    ("torch", "estimator-keras does not support it (no engine feeds it its input, and "
+              "nothing here is tested on it)"),
+)
+
+
 def _status(tf_version):
-    missing = keras_setup.no_keras3_message(tf_version)
+    missing = keras_setup.no_keras3_message(tf_version, engine="keras3")
     if missing:
         return False, f"not available: {missing}"
-    backends = ", ".join(f"{name} {version}" for name, version in keras_setup.usable_backends())
+    backends = ", ".join(f"{name} {version}"
+                         for name, version in keras_setup.usable_backends(BACKENDS))
     backend, _ = keras_setup.keras_backend()
-    usable = backend in keras_setup.TRAINING_BACKENDS and keras_setup.backend_installed(backend)
+    usable = (backend in (b.name for b in BACKENDS)
+              and keras_setup.backend_installed(backend))
     return True, (f"available (Keras {keras_setup.keras3_installed_version()}; backends: "
                   f"{backends}; {keras_setup.BACKEND_VARIABLE}: {backend}"
                   f"{'' if usable else ', which it cannot train on here'})")
@@ -72,8 +100,9 @@ ENTRY = Entry(
     cluster=Cluster(("chief", "worker"), ("none", "mirrored", "multi_worker_mirrored"),
                     "trains with Keras 3's Model.fit, several processes together on the JAX "
                     "backend, and evaluates as it trains", check=_cluster_check),
-    backends=(MULTI_PROCESS_BACKEND, "tensorflow"),
-    multi_process_backends=(MULTI_PROCESS_BACKEND,),
+    keras_backends=BACKENDS,
+    refused_backends=REFUSED_BACKENDS,
+    auto=3,
     processes=_processes,
     job_kinds=("vertex", "trainjob", "jaxjob", "katib"),
     trainjob_runtime="jax-distributed",

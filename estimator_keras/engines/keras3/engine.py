@@ -486,8 +486,14 @@ class Keras3Engine(base.Engine):
 
     def latest_checkpoint(self, model_dir):
         """The checkpoint a run on ``model_dir`` continues from: the newest
-        keras3 checkpoint, else another engine's TF checkpoint, else None."""
-        return ckpts.latest(model_dir) or resume.tf_checkpoint(model_dir)
+        keras3 checkpoint, else another engine's TF checkpoint (where that
+        engine's entry lets it continue), else None."""
+        own = ckpts.latest(model_dir)
+        if own:
+            return own
+        from estimator_keras.engines import model_dirs  # pylint: disable=import-outside-toplevel
+        model_dirs.check_can_continue(model_dir, self.name)
+        return resume.tf_checkpoint(model_dir)
 
     def written_by(self, checkpoint):
         if ckpts.is_checkpoint(checkpoint):
