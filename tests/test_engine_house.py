@@ -9,7 +9,9 @@ listed among choices, a ``match`` case, a dict's key, a subscript, a call's
 argument, or a parameter's default. A name used as a module's or a
 distribution's (an import, ``sys.modules``, a logger, package metadata, a
 class's ``__module__``, a tuple bound to a name ending in ``_MODULES`` or
-``_DISTRIBUTIONS``) is not a choice. Benchmarks and tests name engines on
+``_DISTRIBUTIONS``) is not a choice, nor is a peer's API field that happens to
+be spelt like one (a constant bound to a name ending in ``_FIELD``: Kubeflow
+Trainer's ``mlPolicy.jax``). Benchmarks and tests name engines on
 purpose: they measure and check each."""
 
 import ast
@@ -31,6 +33,7 @@ MODULE_CALLS = frozenset({"find_spec", "import_module", "__import__", "getLogger
                           "installed_version", "version", "distribution", "importorskip"})
 MODULE_ATTRIBUTES = frozenset({"__module__", "__name__", "__package__", "__spec__"})
 MODULE_BINDINGS = re.compile(r".*_(MODULES|DISTRIBUTIONS)$")
+API_FIELDS = re.compile(r".*_FIELD$")
 
 
 def _is_name(value):
@@ -83,10 +86,11 @@ def _target_names(targets):
 
 
 def named_constants(tree):
-    """The module-level names bound to an engine's or a backend's name."""
+    """The module-level names bound to an engine's or a backend's name (not
+    the API fields of :data:`API_FIELDS`)."""
     return {name for targets, value in _assignments(tree)
             if isinstance(value, ast.Constant) and _is_name(value.value)
-            for name in _target_names(targets)}
+            for name in _target_names(targets) if not API_FIELDS.match(name)}
 
 
 class _Scan:
@@ -114,7 +118,7 @@ class _Scan:
         for targets, value in _assignments(owner):
             names = _target_names(targets)
             if isinstance(value, ast.Constant) and _is_name(value.value):
-                local.update(names)
+                local.update(n for n in names if not API_FIELDS.match(n))
             elif _mentions_a_module(value, derived):
                 derived.update(names)
             elif isinstance(value, (ast.Tuple, ast.List, ast.Set)) and any(
@@ -258,6 +262,8 @@ def every_constant():
     ('ok = type(x).__module__.startswith("keras.")\n', []),
     ('def f():\n    backend = "jax"\n    return backend, "cpu", 1\n', []),
     ('STACK_MODULES = ("tensorflow", "tf_keras")\nok = name in STACK_MODULES\n', []),
+    ('POLICY_FIELD = "jax"\nspec = {POLICY_FIELD: {}}\n', []),
+    ('POLICY = "jax"\nspec = {POLICY: {}}\n', [2]),
 ])
 def test_the_scan_finds_each_kind_of_choice(source, lines):
     assert [line for line, _ in name_choices(source, constants={"MULTI_PROCESS_BACKEND",

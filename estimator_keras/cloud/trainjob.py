@@ -155,7 +155,7 @@ def build_tensorflow_runtime(image: str, name: str = TENSORFLOW_RUNTIME) -> Dict
         "metadata": {"name": name,
                      "labels": {"trainer.kubeflow.org/framework": "tensorflow"}},
         "spec": {
-            "mlPolicy": {"numNodes": 1, trainjob_pods.NODE_COUNT_POLICY: {}},
+            "mlPolicy": {"numNodes": 1, trainjob_pods.NODE_COUNT_POLICY_FIELD: {}},
             "template": {"spec": {
                 "failurePolicy": {"maxRestarts": RESTARTS},
                 "replicatedJobs": [{

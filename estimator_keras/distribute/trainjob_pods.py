@@ -42,7 +42,7 @@ port each task's server listens on."""
 NODE_COUNT = "JAX_NUM_PROCESSES"
 """The node count of a pod on the TensorFlow runtime: Trainer's JAX policy sets
 it from the TrainJob's ``trainer.numNodes``, the count of pods it starts."""
-NODE_COUNT_POLICY = "jax"
+NODE_COUNT_POLICY_FIELD = "jax"
 """The field of a runtime's ``mlPolicy`` (Trainer's API, not a Keras backend)
 whose plugin sets :data:`NODE_COUNT` in every pod."""
 TF_PORT = 2222
