@@ -74,7 +74,8 @@ def restore(model, checkpoint, log=None):
     if lost:
         if log is not None:
             log(f"the optimizer starts afresh at step {step}: {lost}; its own step count "
-                f"(bias correction) starts at 0 while the run's step and learning rate go on")
+                f"(bias correction) starts at 0 while the run's step and learning rate go on "
+                f"(to keep its state, continue with the engine that wrote the checkpoint)")
     else:
         model.optimizer.iterations.assign(step)
     return step
