@@ -248,6 +248,10 @@ _KERAS3_ENGINE = _COMMON + textwrap.dedent("""
             for _ in range(2):
                 model.train_on_batch({"x": batch()}, np.ones(16, np.int64))
             result[case]["as_it_is"] = compare(case_dir, model.get_weights(), fresh)
+            # The first kernel's row of the small feature: each side's step.
+            after = arrays(os.path.join(case_dir, "after.npz"))
+            result[case]["as_it_is"]["small_feature_steps"] = [
+                float(np.abs(w[0][3] - before[0][3]).max()) for w in (after, model.get_weights())]
     print(json.dumps(result))
 """)
 
@@ -362,6 +366,8 @@ def test_rmsprops_state_carried_as_it_is_would_not_take_keras2s_steps(moves):
     small feature (what a move did before)."""
     as_it_is = moves["keras3"]["rmsprop"]["as_it_is"]
     assert as_it_is["difference"] > 0.25 * as_it_is["source_update"], as_it_is
+    keras2, keras3 = as_it_is["small_feature_steps"]
+    assert keras2 > 10 * keras3 > 0, as_it_is
 
 
 @pytest.mark.parametrize("case", sorted(BY_SETTINGS))

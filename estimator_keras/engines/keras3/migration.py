@@ -27,8 +27,8 @@ momentum's epsilon. Adagrad's epsilon differs too, by less than float32's
 rounding while its accumulators stay large (they only grow), which is
 checked. The keras3 engine then starts the optimizer afresh, its own count
 at 0, while the run's step goes on (see
-:func:`estimator_keras.engines.keras3.resume.restore`). The reverse, a Keras 2 engine on a keras3 model dir, is
-refused by :func:`estimator_keras.engines.model_dirs.check_can_continue`.
+:func:`estimator_keras.engines.keras3.resume.restore`). The reverse, a
+Keras 2 engine on a keras3 model dir, is refused by :func:`estimator_keras.engines.model_dirs.check_can_continue`.
 
 Example::
 
@@ -140,7 +140,8 @@ def restore_optimizer_state(model, checkpoint_path):
         unused.update(saved)
     if missing:
         return (f"checkpoint {checkpoint_path} lacks {len(missing)} of the {kind} optimizer's "
-                f"slots (was it trained with another optimizer or other settings?), e.g. {missing[0]}")
+                f"slots (was it trained with another optimizer or other settings?), "
+                f"e.g. {missing[0]}")
     if unused:
         return (f"checkpoint {checkpoint_path} holds optimizer slots ({', '.join(sorted(unused))}) "
                 f"that this Keras 3 {kind} does not keep: it was trained with another optimizer "
