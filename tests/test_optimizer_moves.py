@@ -34,6 +34,9 @@ RMSPROP = ("Keras 2's RMSprop without momentum divides by sqrt(v) + epsilon and 
 NADAM = ("Keras 2's Nadam schedules its momentum as beta_1 * (1 - 0.5 * 0.96 ** (0.004 * t)) "
          "and Keras 3's as beta_1 * (1 - 0.5 * 0.96 ** t)")
 CURRENT = "holds a tf-keras v2.11+ optimizer's variables"
+DECAY = "the Keras 2 optimizer decays its learning rate as lr / (1 + decay * t), decay=0.01"
+ADAGRAD = ("Keras 2's Adagrad divides by sqrt(a) + epsilon and Keras 3's by sqrt(a + epsilon), "
+           "which differ by")
 
 # case -> (optimizer class, its settings, on Keras 3: None where its state is
 # carried, else what the refusal says)
@@ -51,6 +54,9 @@ BY_SETTINGS = {
     "rmsprop-centered": ("RMSprop", {"centered": True}, RMSPROP),
     "adam-amsgrad": ("Adam", {"amsgrad": True}, None),
     "adam-current": ("Adam", {}, CURRENT),
+    # Accumulators from 0: the small feature's stay far below 0.03.
+    "adagrad-from-0": ("Adagrad", {"initial_accumulator_value": 0.0}, ADAGRAD),
+    "adam-decay": ("Adam", {"decay": 0.01}, DECAY),
 }
 # Keras 3 settings other than the source's, for each API case: (settings,
 # what the refusal names).
@@ -61,7 +67,9 @@ OTHER = {"sgd-momentum": ({}, "momentum=0.9 and this Keras 3 SGD momentum=0"),
          "rmsprop-centered-momentum": ({"momentum": 0.9}, "holds optimizer slots (mg)"),
          "rmsprop-centered": ({"centered": True}, RMSPROP),
          "adam-amsgrad": ({}, "holds optimizer slots (vhat)"),
-         "adam-current": ({"amsgrad": True}, CURRENT)}
+         "adam-current": ({"amsgrad": True}, CURRENT),
+         "adagrad-from-0": ({}, ADAGRAD),
+         "adam-decay": ({"amsgrad": True}, DECAY)}
 
 _COMMON = textwrap.dedent("""
     import json, os, shutil, sys, tempfile
@@ -284,6 +292,8 @@ _KERAS3_API = _COMMON + textwrap.dedent("""
     result = {}
     for case, (name, settings) in cases.items():
         case_dir = keras_dirs[case]
+        # Keras 3's optimizers have no inverse-time decay to set.
+        settings = {k: v for k, v in settings.items() if k != "decay"}
         model, why, untouched = moved_model(case, case_dir, name, settings)
         for _ in range(2):
             model.train_on_batch({"x": batch()}, np.ones(16, np.int64))

@@ -25,10 +25,11 @@ not, no state can make it so, and the state is refused with the reason
 (:func:`why_not_exact`): Nadam's momentum schedule, RMSprop without
 momentum's epsilon. Adagrad's epsilon differs too, by less than float32's
 rounding while its accumulators stay large (they only grow), which is
-checked. The keras3 engine then starts the optimizer afresh, its own count
-at 0, while the run's step goes on (see
+checked. Where the state is refused, the keras3 engine starts the optimizer
+afresh, its own count at 0, while the run's step goes on (see
 :func:`estimator_keras.engines.keras3.resume.restore`). The reverse, a
-Keras 2 engine on a keras3 model dir, is refused by :func:`estimator_keras.engines.model_dirs.check_can_continue`.
+Keras 2 engine on a keras3 model dir, is refused by
+:func:`estimator_keras.engines.model_dirs.check_can_continue`.
 
 Example::
 
