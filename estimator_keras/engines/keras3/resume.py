@@ -58,11 +58,13 @@ def restore(model, checkpoint, log=None):
     engine (weights, the step and the optimizer's slots), into a compiled
     model; returns the run's step.
 
-    Where another engine's optimizer state cannot move (an optimizer
-    without a mapping, or slots the checkpoint lacks), the optimizer starts
-    afresh, its own count from 0, so that its bias correction matches its
-    empty averages, while the run's step goes on (:func:`start_at`); ``log``
-    hears it once."""
+    Where another engine's optimizer state cannot move (Keras 3's optimizer
+    would not take Keras 2's steps from it, other settings, another
+    optimizer's slots: see
+    :func:`~estimator_keras.engines.keras3.migration.restore_optimizer_state`),
+    the optimizer starts afresh, its own count from 0, so that its bias
+    correction matches its empty averages, while the run's step goes on
+    (:func:`start_at`); ``log`` hears it once, with the reason."""
     if ckpts.is_checkpoint(checkpoint):
         return ckpts.restore(model, checkpoint)
     # Another helper's module: imported only where a TF checkpoint is met.
