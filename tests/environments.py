@@ -165,6 +165,8 @@ ENVIRONMENTS = {
             "test_sources.py", "test_your_data.py", "test_engine_house.py",
             "test_a_fourth_engine.py", "test_exact_resume.py", "test_input_order.py",
             "test_resume_random_layers.py",
+            # Starts the py311 and keras envs' interpreters (tests/keras_envs.py).
+            "test_optimizer_moves.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),

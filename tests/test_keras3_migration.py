@@ -309,8 +309,8 @@ def test_the_first_keras3_step_after_a_move_is_the_source_engines_next_step(
     assert result["again_step"] == MAX_STEPS + 2 and result["again_iterations"] == MAX_STEPS + 2
 
 
-# Nadam has no Keras 3 counterpart for its slots; an SGD checkpoint has no
-# slots for Adam. Each pair of engines meets each case once.
+# Keras 3's Nadam schedules its momentum otherwise than Keras 2's; an SGD
+# checkpoint has no slots for Adam. Each pair of engines meets each case once.
 @pytest.mark.parametrize("writer,reader,case", [
     ("estimator", "keras3-tensorflow", "nadam"), ("keras", "keras3-jax", "nadam"),
     ("estimator", "keras3-jax", "sgd-adam"), ("keras", "keras3-tensorflow", "sgd-adam")])
@@ -328,7 +328,7 @@ def test_an_optimizer_whose_state_cannot_move_starts_afresh_while_the_step_goes_
     assert result["fresh_update"] > 1e-4, result
     assert result["from_fresh"] < 1e-5, json.dumps(result)
     said = [line for line in result["logs"] if "afresh" in line]
-    why = "Nadam optimizer's state has no mapping" if case == "nadam" else "lacks"
+    why = "Keras 2's Nadam schedules its momentum" if case == "nadam" else "lacks"
     assert len(said) == 1 and why in said[0] and f"at step {steps}" in said[0], result["logs"]
     # The keras3 checkpoint carries where the optimizer's count started: a
     # rerun resumes (the counter check passes), says nothing more, and the

@@ -1,8 +1,10 @@
 """Optimizers by name for both engines.
 
 ``tf.estimator`` needs the legacy Keras optimizers (``model_to_estimator``
-otherwise swaps them silently); the keras engine uses the current ones.
-Weights and exports are the same either way.
+otherwise swaps them silently); the keras engine asks Keras 2 for one by
+name and learning rate, which gives the legacy class too
+(:func:`keras_optimizer`); the keras3 engine takes Keras 3's. Weights and
+exports are the same either way.
 """
 
 import inspect
@@ -73,8 +75,13 @@ def legacy_optimizer(name_or_optimizer, learning_rate=None, **kwargs):
 
 
 def keras_optimizer(name, learning_rate=None):
-    """A current Keras optimizer by name ("adam", "sgd", ...), with
-    ``learning_rate``; the keras engine's choice."""
+    """A Keras 2 optimizer by name ("adam", "sgd", ...), with
+    ``learning_rate``; the keras engine's choice. Keras 2 builds the legacy
+    class from a config that sets a learning rate (and the v2.11+ one from
+    an empty config), so the keras engine's checkpoints hold the same
+    optimizer slots as the Estimator's, which is what lets an optimizer's
+    state move between the engines (see
+    :mod:`estimator_keras.engines.keras3.migration`)."""
     config = {} if learning_rate is None else {"learning_rate": learning_rate}
     return tf.keras.optimizers.get({"class_name": _check_name(name), "config": config})
 

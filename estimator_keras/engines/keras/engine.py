@@ -327,7 +327,8 @@ def _fit(plan, build_compiled_model):
             checkpoint.restore(latest).expect_partial()
             step = checkpoints.checkpoint_step(latest) or 0
             if _step(model) != step:
-                # Another engine's optimizer: its state is not restored, the step is.
+                # The Estimator's checkpoint holds the optimizer's slots,
+                # restored with the model, but not its count: the step is.
                 model.optimizer.iterations.assign(step)
             hooks.log(f"resuming from {latest} (step {step})")
         elif backed_up:

@@ -11,16 +11,25 @@ Keras 3 variable at the same place, on either backend: the N-th layer with
 weights, matched within the layer by weight name and shape.
 
 The optimizer's state moves too (:func:`restore_optimizer_state`): both
-Keras 2 engines train with ``tf.keras.optimizers.legacy``, whose slots sit
-under each weight's key (``.../kernel/.OPTIMIZER_SLOT/optimizer/m``), and
-each goes to the Keras 3 optimizer's variable for the same weight and the
-same quantity (:data:`SLOTS`). With the step that gives the optimizer's own
-iteration count, the first update on Keras 3 is the one the source engine
-would have made. Where the slots cannot move (Nadam, or a checkpoint of
-another optimizer), the keras3 engine starts the optimizer afresh, its
-own count at 0, while the run's step goes on (see
-:func:`estimator_keras.engines.keras3.resume.restore`). The reverse, a Keras 2 engine on a keras3 model dir, is
-refused by :func:`estimator_keras.engines.model_dirs.check_can_continue`.
+Keras 2 engines train with ``tf.keras.optimizers.legacy`` (the keras
+engine too: tf-keras builds the legacy class from a config with a learning
+rate), whose slots sit under each weight's key
+(``.../kernel/.OPTIMIZER_SLOT/optimizer/m``), and each goes to the Keras 3
+optimizer's variable for the same weight and the same quantity
+(:data:`SLOTS`). With the step that gives the optimizer's own iteration
+count, the next updates on Keras 3 are the ones the source engine would have
+made, where Keras 3's optimizer computes the same function of its state as
+Keras 2's: Adam (and AMSGrad), SGD (with momentum, Nesterov too), RMSprop
+with momentum (centered or not), Adamax, Adadelta and Ftrl. Where it does
+not, no state can make it so, and the state is refused with the reason
+(:func:`why_not_exact`): Nadam's momentum schedule, RMSprop without
+momentum's epsilon. Adagrad's epsilon differs too, by less than float32's
+rounding while its accumulators stay large (they only grow), which is
+checked. Where the state is refused, the keras3 engine starts the optimizer
+afresh, its own count at 0, while the run's step goes on (see
+:func:`estimator_keras.engines.keras3.resume.restore`). The reverse, a
+Keras 2 engine on a keras3 model dir, is refused by
+:func:`estimator_keras.engines.model_dirs.check_can_continue`.
 
 Example::
 
@@ -31,6 +40,7 @@ Example::
     restore_optimizer_state(model, tf.train.latest_checkpoint(model_dir))
 """
 
+import numpy as np
 import tensorflow as tf
 
 from estimator_keras import checkpoints
@@ -41,8 +51,7 @@ _SLOT = "/.OPTIMIZER_SLOT/optimizer/"
 
 # Keras 3 optimizer class -> {legacy Keras 2 slot name: the suffix of Keras
 # 3's variable for the same quantity} (Keras 3 names a slot
-# ``<weight path with _>_<suffix>``). Nadam is left out: its momentum
-# schedule's running product has no named variable in Keras 3.
+# ``<weight path with _>_<suffix>``). Nadam is left out: see _NADAM.
 SLOTS = {
     "Adam": {"m": "momentum", "v": "velocity", "vhat": "velocity_hat"},
     "Adamax": {"m": "momentum", "v": "norm"},
@@ -52,6 +61,25 @@ SLOTS = {
     "Ftrl": {"accumulator": "accumulator", "linear": "linear"},
     "SGD": {"momentum": "momentum"},
 }
+
+# Hyperparameters a legacy optimizer checkpoints (``optimizer/<name>``) under
+# the name Keras 3's optimizer config gives them. Its epsilon, ``centered``,
+# ``nesterov`` and Ftrl's l2 shrinkage are Python values it does not save.
+_HYPERPARAMETERS = ("beta_1", "beta_2", "rho", "momentum", "learning_rate_power",
+                    "l1_regularization_strength", "l2_regularization_strength", "beta")
+
+# Why no state of the Keras 2 optimizer makes Keras 3's take its next steps
+# (tf-keras 2.15-2.21 optimizers/legacy against Keras 3's optimizers).
+_NADAM = ("Keras 2's Nadam schedules its momentum as beta_1 * (1 - 0.5 * 0.96 ** (0.004 * t)) "
+          "and Keras 3's as beta_1 * (1 - 0.5 * 0.96 ** t): no state gives Keras 3's Nadam "
+          "Keras 2's next steps")
+_RMSPROP = ("Keras 2's RMSprop without momentum divides by sqrt(v) + epsilon and Keras 3's by "
+            "sqrt(v + epsilon): no state gives Keras 3's RMSprop Keras 2's next steps (with "
+            "momentum both divide by sqrt(v + epsilon), and the state moves)")
+# Adagrad: Keras 2 divides by sqrt(a) + epsilon, Keras 3 by sqrt(a + epsilon).
+# Carried while the two differ by at most this, relatively (a few float32
+# roundings, what TensorFlow's kernels and Keras 3's ops differ by anyway).
+ADAGRAD_TOLERANCE = 1e-6
 
 
 def restore_tf_checkpoint(model, checkpoint_path):
@@ -74,41 +102,115 @@ def restore_optimizer_state(model, checkpoint_path):
     checkpoint to the built optimizer of the compiled Keras 3 ``model``
     (weights restored first, with :func:`restore_tf_checkpoint`).
 
-    Returns None when every slot the Keras 3 optimizer keeps was carried;
-    otherwise assigns none of them and returns a sentence saying why (an
-    optimizer without a mapping, or slots the checkpoint lacks: it was
-    trained with another optimizer).
+    Returns None when every slot was carried, so that the optimizer's next
+    updates (at the checkpoint's step) are the source engine's; otherwise
+    assigns none of them and returns a sentence saying why: an optimizer
+    whose Keras 3 update differs from Keras 2's (:func:`why_not_exact`),
+    other settings than the checkpoint's (a hyperparameter, or slots one
+    side keeps and the other does not), or another optimizer's checkpoint.
     """
     checkpoint_path, reader, matched = _plan(model, checkpoint_path)
     optimizer = model.optimizer
     kind = type(optimizer).__name__
-    names = SLOTS.get(kind)
-    if names is None:
-        return f"the {kind} optimizer's state has no mapping from Keras 2"
-    kept = {variable.name: variable for variable in optimizer.variables}
     have = reader.get_variable_to_shape_map()
+    reason = why_not_exact(kind, optimizer.get_config(), reader)
+    if reason:
+        return reason
+    names = SLOTS[kind]
+    kept = {variable.name: variable for variable in optimizer.variables}
     trainable = {id(variable) for variable in model.trainable_variables}
-    pairs, missing = [], []
+    pairs, missing, unused = [], [], set()
     for variable, key in matched:
         if id(variable) not in trainable:
             continue
         prefix = str(variable.path).replace("/", "_")
+        saved = {k[len(key + _SLOT):-len(_VALUE)] for k in have
+                 if k.startswith(key + _SLOT) and k.endswith(_VALUE)}
         for old, new in names.items():
             slot = kept.get(f"{prefix}_{new}")
             if slot is None:
-                # A slot this optimizer's settings do not use (amsgrad, momentum 0).
+                # A slot these settings do not use (amsgrad, momentum 0,
+                # not centered): the checkpoint must not hold it either.
                 continue
+            saved.discard(old)
             slot_key = key + _SLOT + old + _VALUE
             if slot_key in have and tuple(have[slot_key]) == tuple(slot.shape):
                 pairs.append((slot, slot_key))
             else:
                 missing.append(slot_key)
+        unused.update(saved)
     if missing:
         return (f"checkpoint {checkpoint_path} lacks {len(missing)} of the {kind} optimizer's "
-                f"slots (was it trained with another optimizer?), e.g. {missing[0]}")
-    for slot, slot_key in pairs:
-        slot.assign(reader.get_tensor(slot_key).astype(_numpy_dtype(slot)))
+                f"slots (was it trained with another optimizer or other settings?), "
+                f"e.g. {missing[0]}")
+    if unused:
+        return (f"checkpoint {checkpoint_path} holds optimizer slots ({', '.join(sorted(unused))}) "
+                f"that this Keras 3 {kind} does not keep: it was trained with another optimizer "
+                f"or other settings (momentum, centered, amsgrad)")
+    values = [(slot, reader.get_tensor(slot_key)) for slot, slot_key in pairs]
+    if kind == "Adagrad":
+        reason = _adagrad_reason(optimizer.get_config()["epsilon"],
+                                 [value for _, value in values])
+        if reason:
+            return reason
+    for slot, value in values:
+        slot.assign(value.astype(_numpy_dtype(slot)))
     return None
+
+
+def why_not_exact(kind, config, reader):
+    """Why the state of the legacy Keras 2 optimizer in a checkpoint
+    (``reader``, from ``tf.train.load_checkpoint``) cannot give Keras 3's
+    ``kind`` optimizer (of ``config``) the next steps Keras 2's would take,
+    judged from the checkpoint's hyperparameters; None where it can."""
+    have = reader.get_variable_to_shape_map()
+
+    def hyper(name):
+        key = "optimizer/" + name + _VALUE
+        return float(reader.get_tensor(key)) if key in have else None
+
+    if any(k.startswith("optimizer/_variables/") for k in have):
+        return ("the checkpoint holds a tf-keras v2.11+ optimizer's variables, kept by "
+                "position rather than by weight; only the slots of tf.keras.optimizers.legacy "
+                "optimizers (which the estimator and keras engines train with) move")
+    if kind == "Nadam":
+        return _NADAM
+    if kind not in SLOTS:
+        return f"the {kind} optimizer's state has no mapping from Keras 2"
+    decay = hyper("decay")
+    if decay:
+        return (f"the Keras 2 optimizer decays its learning rate as lr / (1 + decay * t), "
+                f"decay={decay:g}, which no Keras 3 optimizer does")
+    if kind == "RMSprop" and not hyper("momentum"):
+        return _RMSPROP
+    for name in _HYPERPARAMETERS:
+        saved = hyper(name)
+        if saved is None or name not in config:
+            continue
+        if abs(saved - float(config[name])) > 1e-6 * max(1.0, abs(saved)):
+            return (f"the checkpoint's optimizer has {name}={saved:.6g} and this Keras 3 {kind} "
+                    f"{name}={float(config[name]):.6g}: its state belongs to other settings")
+    return None
+
+
+def _adagrad_reason(epsilon, accumulators):
+    """Why Keras 3's Adagrad (dividing by sqrt(a + epsilon)) would not take
+    Keras 2's steps (dividing by sqrt(a) + epsilon) from these accumulators;
+    None where the two agree within ADAGRAD_TOLERANCE for every accumulator
+    from the smallest on (accumulators only grow)."""
+    smallest = min((float(np.min(a)) for a in accumulators if np.size(a)), default=1.0)
+
+    def gap(a):
+        return abs((np.sqrt(a) + epsilon) / np.sqrt(a + epsilon) - 1.0)
+
+    # |gap| falls from the smallest accumulator to ~0.25, then rises to a
+    # small peak at 1 and falls again.
+    worst = max(gap(max(smallest, 0.0)), gap(max(smallest, 1.0)))
+    if worst <= ADAGRAD_TOLERANCE:
+        return None
+    return (f"Keras 2's Adagrad divides by sqrt(a) + epsilon and Keras 3's by sqrt(a + epsilon), "
+            f"which differ by {worst:.2g} relative at this checkpoint's smallest accumulator "
+            f"({smallest:.3g}), more than {ADAGRAD_TOLERANCE:g}")
 
 
 def check_tf_checkpoint(model, checkpoint_path):

@@ -60,11 +60,13 @@ def restore(model, checkpoint, log=None):
     model; returns the run's step. A keras3 checkpoint gives back the random
     layers' seed states too (:mod:`.seeds`); ``log`` hears of those it lacks.
 
-    Where another engine's optimizer state cannot move (an optimizer
-    without a mapping, or slots the checkpoint lacks), the optimizer starts
-    afresh, its own count from 0, so that its bias correction matches its
-    empty averages, while the run's step goes on (:func:`start_at`); ``log``
-    hears it once."""
+    Where another engine's optimizer state cannot move (Keras 3's optimizer
+    would not take Keras 2's steps from it, other settings, another
+    optimizer's slots: see
+    :func:`~estimator_keras.engines.keras3.migration.restore_optimizer_state`),
+    the optimizer starts afresh, its own count from 0, so that its bias
+    correction matches its empty averages, while the run's step goes on
+    (:func:`start_at`); ``log`` hears it once, with the reason."""
     if ckpts.is_checkpoint(checkpoint):
         step = ckpts.restore(model, checkpoint)
         missed = seeds.restore(model, checkpoint)
@@ -82,7 +84,8 @@ def restore(model, checkpoint, log=None):
     if lost:
         if log is not None:
             log(f"the optimizer starts afresh at step {step}: {lost}; its own step count "
-                f"(bias correction) starts at 0 while the run's step and learning rate go on")
+                f"(bias correction) starts at 0 while the run's step and learning rate go on "
+                f"(to keep its state, continue with the engine that wrote the checkpoint)")
     else:
         model.optimizer.iterations.assign(step)
     return step
