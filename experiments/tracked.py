@@ -166,12 +166,12 @@ def repair(ctx, uri, export_dir, register=None, run_factory=mlflow_run.MlflowRun
     run.finish(None)
 
 
-def register_export(run, name, export_dir, log, once=False, run_id=None):
+def register_export(run, name, export_dir, log, once=False, run_id=None, what="the export"):
     """Queues ``export_dir`` as a version of ``name``: from the run's
     ``export/`` artifacts, or from its URI where it is remote (a ``gs://``
-    export is not copied)."""
+    export is not copied); ``log`` says it once registered."""
     remote = io.is_remote(export_dir)
-    what = export_dir if remote else "the export"
+    what = export_dir if remote else what
 
     def registered(version):
         log(f"registered {what} in MLflow as {name!r} version {version}")

@@ -94,18 +94,18 @@ class StudyTracking(tracked.RunRecord):
             self.run.metrics({f"best_{metric}": self._best_so_far}, finished_count)
 
     def finish(self, best):
-        """Tags the best trial (a Trial row, or None), registers its export
-        when asked, and ends the study's run FINISHED."""
+        """Tags the best trial (a Trial row, or None), ends the study's run
+        FINISHED, then registers the best trial's export when asked."""
+        child = None
         if best is not None:
             child = self._child(best)
             self.run.tags({"best_trial": best.trial, "best_run_id": child or ""})
             if child:
                 self.run.tag_run(child, {"best_trial": "true"})
         self.run.end("FINISHED")
-        if best is not None and child and self.config.register:
-            tracked.register_export(self.run, self.config.register,
-                              best.export_dir or "", self.log,
-                              run_id=child)
+        if child and self.config.register:
+            tracked.register_export(self.run, self.config.register, best.export_dir or "",
+                                    self.log, run_id=child, what="the best trial's export")
         self._end("FINISHED")
 
     def _child(self, row):
