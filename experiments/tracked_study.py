@@ -26,9 +26,10 @@ from experiments import tracked
 
 STUDY_ATTR = "mlflow_run_id"
 URI_ATTR = "mlflow_tracking_uri"
-START_WAIT_SECS = 15.0
-"""How long ``tune`` waits for the study's run before its first trial (the
-trials nest under it); past that they run unnested, and training goes on."""
+START_WAIT_SECS = 60.0
+"""How long ``tune`` waits at most for the study's run before its first trial
+(the trials nest under it; its sender imports MLflow first): past that, or
+once the store failed to answer, they run unnested, and training goes on."""
 
 
 class StudyTracking(tracked.RunRecord):

@@ -179,11 +179,12 @@ class MlflowRun:
                        "the run's repair")])
 
     def wait_started(self, timeout):
-        """The run's id once it exists, waiting at most ``timeout`` seconds; None
-        when it does not exist by then."""
+        """The run's id once it exists, waiting at most ``timeout`` seconds,
+        less where the store failed to answer; None when it does not exist
+        by then."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self.run_id is None and not self._stopped:
+            while self.run_id is None and not self._stopped and not self._outage:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
