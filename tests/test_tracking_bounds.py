@@ -62,7 +62,6 @@ def test_tracking_leaves_the_environment_and_mlflows_tracking_uri_as_they_were(
     run = mlflow_run.MlflowRun(server.uri, experiment="alone", log=lines.append)
     run.params({"train.max_steps": 3})
     run.metrics({"loss": 0.5}, 3)
-    run.end("FINISHED")
     run.artifacts(str(folder), "export")
     assert run.finish(timeout=120), lines
     assert dict(os.environ) == environ
