@@ -15,12 +15,16 @@ A run's record (see :class:`TrainTracking`):
   location as the ``export_uri`` tag when it is remote; the resolved config as
   ``config.yaml``;
 * the end: FINISHED, KILLED with ``stopped_at_step`` after a preemption (exit
-  75), FAILED after an error; ``--register NAME`` makes the export a version
-  of the registered model NAME.
+  75), FAILED after an error. FINISHED is sent before the uploads, so that an
+  upload that stalls cannot leave the run RUNNING;
+* ``--register NAME``: the export as a new version of the registered model
+  NAME, from the run's ``export/`` artifacts, or, for an export on ``gs://``
+  (a cloud job's), from its URI as the version's source.
 
 The run's id is kept in ``MODEL_DIR/mlflow-run.json``: a resumed training
 (after exit 75, a crash or a SIGKILL) continues the same run, and a model dir
-already at ``--max-steps`` records nothing new.
+already at ``--max-steps`` records nothing new, but repairs the run of a
+training that ended before its record did (:func:`repair`).
 """
 
 import dataclasses
@@ -133,6 +137,49 @@ def start(ctx, uri, register=None):
     return TrainTracking(ctx, uri, register)
 
 
+def repair(ctx, uri, export_dir, register=None, run_factory=mlflow_run.MlflowRun):
+    """For a model dir already trained, whose run is in ``uri``: a run left
+    RUNNING (its process ended before the run's end reached the store) is
+    set FINISHED, a local export its artifacts lack is uploaded, and
+    ``register`` gets the export as a version where the run has none. Waits
+    for it (:data:`~estimator_keras.tracking.mlflow_run.FINISH_WAIT_SECS` at
+    most); nothing where the run file names another store or none."""
+    known = read_run_file(ctx.model_dir)
+    if not uri or known.get("tracking_uri") != uri or not known.get("run_id"):
+        return
+    run_id = known["run_id"]
+    experiment = os.environ.get(EXPERIMENT_VARIABLE) or ctx.config.name
+    run = run_factory(uri, experiment=experiment, run_id=run_id, resume_status=None,
+                      new_run=False, log=ctx.log)
+
+    def repaired(was, uploaded):
+        if was == "RUNNING":
+            ctx.log(f"the MLflow run {run_id}, left RUNNING when its training ended, is "
+                    f"FINISHED now")
+        if uploaded:
+            ctx.log(f"uploaded the export to the MLflow run {run_id}")
+
+    local = export_dir if export_dir and not io.is_remote(export_dir) else None
+    run.repair(local, EXPORT_ARTIFACTS, on_done=repaired)
+    if register and export_dir:
+        register_export(run, register, export_dir, ctx.log, once=True)
+    run.finish(None)
+
+
+def register_export(run, name, export_dir, log, once=False, run_id=None, what="the export"):
+    """Queues ``export_dir`` as a version of ``name``: from the run's
+    ``export/`` artifacts, or from its URI where it is remote (a ``gs://``
+    export is not copied); ``log`` says it once registered."""
+    remote = io.is_remote(export_dir)
+    what = export_dir if remote else what
+
+    def registered(version):
+        log(f"registered {what} in MLflow as {name!r} version {version}")
+
+    run.register(name, None if remote else EXPORT_ARTIFACTS, on_done=registered,
+                 source=export_dir if remote else None, once=once, run_id=run_id)
+
+
 class RunRecord:
     """A record kept through ``self.run`` (an MlflowRun) that ends once. As a
     context manager around the work: a Preempted ends the run KILLED (with
@@ -234,21 +281,20 @@ class TrainTracking(RunRecord):
     # -- the end
 
     def finish(self, metrics, export_dir):
-        """Records the final evaluation and the export, registers it when
-        asked, and ends the run FINISHED."""
+        """Records the final evaluation, ends the run FINISHED, then uploads
+        the export and registers it when asked (the run's status never waits
+        on an upload)."""
         if metrics:
             self.evaluation(metrics)
+        remote = bool(export_dir) and io.is_remote(export_dir)
+        self.run.tags({"export_dir": export_dir or "", **({"export_uri": export_dir}
+                                                          if remote else {})})
+        self.run.end("FINISHED")
         config_path = io.join(self.ctx.model_dir, CONFIG_ARTIFACT)
         if io.exists(config_path) and not io.is_remote(config_path):
             self.run.artifacts(config_path, None, folder=False)
-        if export_dir and io.is_remote(export_dir):
-            self.run.tags({"export_uri": export_dir})
-        elif export_dir:
+        if export_dir and not remote:
             self.run.artifacts(export_dir, EXPORT_ARTIFACTS)
-            if self.register:
-                self.run.register(self.register, EXPORT_ARTIFACTS, on_done=self._registered)
-        self.run.tags({"export_dir": export_dir or ""})
+        if export_dir and self.register:
+            register_export(self.run, self.register, export_dir, self.ctx.log)
         self._end("FINISHED")
-
-    def _registered(self, version):
-        self.ctx.log(f"registered the export in MLflow as {self.register!r} version {version}")

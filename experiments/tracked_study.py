@@ -11,7 +11,8 @@ says. This module records, from the ``tune`` process:
   at the end the tags ``best_trial`` and ``best_run_id``;
 * on each trial's run: ``trial_number``, ``trial_state`` (succeeded, pruned,
   failed, timeout, interrupted), ``pruned_at`` and ``best_trial`` on the best one;
-* ``--register NAME``: the best trial's export as a new version of NAME.
+* ``--register NAME``: the best trial's export as a new version of NAME
+  (after the study's run ended: as :mod:`experiments.tracked` registers).
 
 The study's run id is kept in ``DIR/mlflow-run.json`` and in the Optuna study
 (``mlflow_run_id``): a resumed study, or another worker of a shared one,
@@ -25,9 +26,10 @@ from experiments import tracked
 
 STUDY_ATTR = "mlflow_run_id"
 URI_ATTR = "mlflow_tracking_uri"
-START_WAIT_SECS = 15.0
-"""How long ``tune`` waits for the study's run before its first trial (the
-trials nest under it); past that they run unnested, and training goes on."""
+START_WAIT_SECS = 60.0
+"""How long ``tune`` waits at most for the study's run before its first trial
+(the trials nest under it; its sender imports MLflow first): past that, or
+once the store failed to answer, they run unnested, and training goes on."""
 
 
 class StudyTracking(tracked.RunRecord):
@@ -93,21 +95,19 @@ class StudyTracking(tracked.RunRecord):
             self.run.metrics({f"best_{metric}": self._best_so_far}, finished_count)
 
     def finish(self, best):
-        """Tags the best trial (a Trial row, or None), registers its export
-        when asked, and ends the study's run FINISHED."""
+        """Tags the best trial (a Trial row, or None), ends the study's run
+        FINISHED, then registers the best trial's export when asked."""
+        child = None
         if best is not None:
             child = self._child(best)
             self.run.tags({"best_trial": best.trial, "best_run_id": child or ""})
             if child:
                 self.run.tag_run(child, {"best_trial": "true"})
-                if self.config.register:
-                    self.run.register(self.config.register, tracked.EXPORT_ARTIFACTS,
-                                      run_id=child, on_done=self._registered)
+        self.run.end("FINISHED")
+        if child and self.config.register:
+            tracked.register_export(self.run, self.config.register, best.export_dir or "",
+                                    self.log, run_id=child, what="the best trial's export")
         self._end("FINISHED")
-
-    def _registered(self, version):
-        self.log(f"registered the best trial's export in MLflow as {self.config.register!r} "
-                 f"version {version}")
 
     def _child(self, row):
         known = tracked.read_run_file(row.model_dir) if row.model_dir else {}

@@ -104,7 +104,9 @@ class Runner:
             if latest and (ctx.engine.checkpoint_step(latest) or 0) >= ctx.config.train.max_steps:
                 # A candidate a run that died left behind.
                 self._export_best()
-                return self._already_trained(latest)
+                metrics, export_dir = self._already_trained(latest)
+                tracked.repair(ctx, ctx.tracking_uri, export_dir, ctx.register)
+                return metrics, export_dir
             self.tracking = tracked.start(ctx, ctx.tracking_uri, ctx.register)
             with self.tracking or contextlib.nullcontext():
                 metrics, export_dir = self._train_and_export()

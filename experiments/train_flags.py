@@ -92,7 +92,7 @@ def add_train_flags(parser, exclude=()):
              "$MLFLOW_TRACKING_URI, else ./mlflow.db. $EK_TRACKING_URI does the same")
     add("--register", metavar="NAME",
         help="with --track: register the final export as a new version of MLflow's "
-             "registered model NAME")
+             "registered model NAME (an export on gs:// by its URI)")
     add("--preemption-grace", type=float, default=DEFAULT_GRACE_SECS, metavar="S",
         help="on SIGTERM or SIGINT, save the current step and exit 75 within S seconds "
              f"(default {DEFAULT_GRACE_SECS:g})")

@@ -202,9 +202,10 @@ ENVIRONMENTS = {
     ),
     "extras": Environment(
         "Python 3.13 with the Quickstart's '.[cpu]' and the extras its users add (beam, "
-        "mlflow): `prepare --beam` on 3.13, the tracking page on the keras3 engine; and the "
-        "check that the envs together run every case",
-        modules=("test_prepare_beam.py", "test_docs.py", "test_environments_cover.py"),
+        "mlflow): `prepare --beam` on 3.13, the tracking page and tracking's bounds on the "
+        "keras3 engine; and the check that the envs together run every case",
+        modules=("test_prepare_beam.py", "test_docs.py", "test_environments_cover.py",
+                 "test_tracking_bounds.py"),
         engines=("keras3",),
         backends=("tensorflow",),
         skips={},

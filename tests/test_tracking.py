@@ -17,7 +17,7 @@ import time
 import pytest
 
 from estimator_keras.errors import ConfigError, UsageError
-from estimator_keras.tracking import mlflow_run, settings
+from estimator_keras.tracking import mlflow_run, sender, settings
 from experiments import cluster_cmd, submit, train_flags
 from mlflow_server import MlflowServer, free_port
 from support import ROOT, child_env, kill_group
@@ -78,44 +78,58 @@ def test_a_password_in_the_uri_is_not_shown():
         "https://me:***@mlflow.example:8443/x"
 
 
-def test_client_defaults_bound_mlflow_and_leave_the_users_settings():
-    env = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
-    added = settings.client_defaults(env)
-    assert env["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "60" and "MLFLOW_HTTP_REQUEST_TIMEOUT" not in added
-    assert env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
-    assert env["MLFLOW_DISABLE_TELEMETRY"] == "true"
-    assert env["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
+def test_the_senders_environment_bounds_mlflow_and_leaves_the_users_settings():
+    env = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "60", "PYTHONPATH": "/elsewhere"}
+    given = dict(env)
+    got = sender.environment("http://h:5000", env, settings.CLIENT_DEFAULTS)
+    assert env == given  # the caller's environment is not changed
+    assert got["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "60"
+    assert got["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+    assert got["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    assert got["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
+    assert got["PYTHONPATH"].split(os.pathsep) == [ROOT, "/elsewhere"]
 
 
 TELEMETRY = """
-import sys
+import json, sys
+from mlflow.telemetry.utils import is_telemetry_disabled
 from estimator_keras.tracking import mlflow_run
 if sys.argv[1] == "track":
     run = mlflow_run.MlflowRun(sys.argv[2], experiment="t")
+    assert run.wait_started(60)
+    # MLflow's own rule, applied to the environment its sender runs with.
+    with open(f"/proc/{run.sender_pid}/environ", "rb") as f:
+        pairs = [item.split(b"=", 1) for item in f.read().split(b"\\0") if b"=" in item]
+    print(json.dumps({k.decode(): v.decode() for k, v in pairs}))
     run.finish(timeout=30)
-from mlflow.telemetry.utils import is_telemetry_disabled
-print(is_telemetry_disabled())
+else:
+    print(is_telemetry_disabled())
 """
 
 
 def test_mlflows_telemetry_is_off_where_a_run_is_tracked_unless_the_user_turns_it_on(tmp_path):
     pytest.importorskip("mlflow.telemetry")
+    if not os.path.exists("/proc/self/environ"):
+        pytest.skip("reads the sender's environment from /proc")
     env = {k: v for k, v in child_env().items()
            if k not in ("CI", "PYTEST_CURRENT_TEST", "DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY",
                         "GITHUB_ACTIONS", "TF_BUILD")}
 
-    def disabled(*args, **extra):
+    def run(*args, **extra):
         proc = subprocess.run([sys.executable, "-c", TELEMETRY, *args], cwd=ROOT,
                               env={**env, **extra}, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        return proc.stdout.split()[-1]
+        return proc.stdout.splitlines()[-1]
+
+    def disabled(environment):
+        return run("plain", **{k: v for k, v in environment.items() if k not in env})
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     # This environment is one where MLflow would send usage data...
-    assert disabled("plain") == "False"
-    # ...but not from a process that tracks a run, unless asked to.
-    assert disabled("track", store) == "True"
-    assert disabled("track", store, MLFLOW_DISABLE_TELEMETRY="false") == "False"
+    assert run("plain") == "False"
+    # ...but not from the process that sends a tracked run's records, unless asked to.
+    assert disabled(json.loads(run("track", store))) == "True"
+    assert disabled(json.loads(run("track", store, MLFLOW_DISABLE_TELEMETRY="false"))) == "False"
 
 
 def test_track_goes_back_into_arguments_for_the_trials_and_jobs():
@@ -260,6 +274,11 @@ def test_a_server_that_is_down_costs_one_warning_and_bounded_time():
     for step in range(100):
         run.metrics({"loss": 1.0}, step)
     assert time.monotonic() - begun < 1.0  # nothing waits on the network
+    # The sender has started (it imports MLflow) and tried once.
+    deadline = time.monotonic() + 120
+    while not lines and time.monotonic() < deadline:
+        time.sleep(0.1)
+    begun = time.monotonic()
     assert run.finish(timeout=3) is False
     assert time.monotonic() - begun < 8
     warnings = [line for line in lines if line.startswith("warning: ")]

@@ -13,8 +13,10 @@ maintenance and refuses unless ``MLFLOW_ALLOW_FILE_STORE=true``: without it,
 such a URI is refused here, before training, rather than by MLflow after it
 started.
 
-:func:`client_defaults` bounds MLflow's HTTP client and keeps its telemetry
-off; each is a default the user's own variable overrides.
+:data:`CLIENT_DEFAULTS` bounds MLflow's HTTP client and keeps its telemetry
+off, in the environment of the process that talks to MLflow
+(:mod:`~estimator_keras.tracking.sender`), never in the training process's;
+each is a default the user's own variable overrides.
 
 TF-free and MLflow-free: nothing here imports MLflow.
 """
@@ -40,11 +42,12 @@ REMOTE_SCHEMES = ("http", "https", "databricks", "databricks-uc")
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 _SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):", re.I)
 
-# What this package sets where the user has not: MLflow's HTTP client
-# otherwise waits 120 s per request and retries up to 7 times (minutes on a
-# dead server); the background sender retries on its own schedule instead.
-# Telemetry: MLflow 3.2+ sends usage data unless told not to. The run's URL
-# printed on stdout would mix with the results printed there.
+# The sender's environment where the user has not set them (MLflow reads
+# these from the environment only): MLflow's HTTP client otherwise waits
+# 120 s per request and retries up to 7 times (minutes on a dead server); the
+# background sender retries on its own schedule instead. Telemetry: MLflow
+# 3.2+ sends usage data unless told not to. The run's URL printed on stdout
+# would mix with the results printed there.
 CLIENT_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
@@ -127,14 +130,3 @@ def shown(uri):
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
     return uri
 
-
-def client_defaults(environ=None):
-    """Sets :data:`CLIENT_DEFAULTS` in ``environ`` (os.environ) where unset;
-    returns the names it set."""
-    environ = os.environ if environ is None else environ
-    added = []
-    for name, value in CLIENT_DEFAULTS.items():
-        if name not in environ:
-            environ[name] = value
-            added.append(name)
-    return added
