@@ -298,10 +298,18 @@ def resolve_engine(requested="auto", model_dir=None):
             f"the estimator engine needs tf.estimator, which ended with TensorFlow 2.15 and "
             f"tensorflow-estimator 2.15 (this is TensorFlow {tensorflow_version()}"
             f"{'' if importlib.util.find_spec('tensorflow_estimator') else ', without tensorflow-estimator'}"
-            f"). Use --engine keras (Model.fit) or --engine keras3 (Keras 3) here, or install "
-            f"tensorflow-cpu==2.15.* and tensorflow-estimator==2.15.* on Python <= 3.11.")
+            f"). {_engines_here()}, or install tensorflow-cpu==2.15.* and "
+            f"tensorflow-estimator==2.15.* on Python <= 3.11.")
     check_keras2(requested)
     return requested
+
+
+def _engines_here():
+    """"Use --engine keras3 here" for the engines this environment can run."""
+    here = [f"--engine {name}" for name, ok, _ in statuses() if ok]
+    if not here:
+        return "No engine runs in this environment (`python -m experiments list` says why)"
+    return f"Use {' or '.join(here)} here"
 
 
 def get_engine(name):
