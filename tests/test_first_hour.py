@@ -37,7 +37,7 @@ def _usage_error(capsys, argv):
      "parameter 'learning_rate': unknown type 'doubel' (did you mean double?)"),
     ("{type: discrete, value: [0.1, 0.2]}",
      "parameter 'learning_rate': unknown key 'value' (did you mean values?) for type discrete"),
-])
+], ids=["tpye", "doubel", "value"])
 def test_a_misspelt_field_of_a_space_file_is_named_with_the_close_one(tmp_path, body, says):
     path = tmp_path / "space.yaml"
     path.write_text(f"learning_rate: {body}\n")
