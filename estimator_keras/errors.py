@@ -6,6 +6,15 @@ and says what was expected. The command-line layer (``experiments``) maps them t
 exit codes: :class:`UsageError` -> 2, :class:`Preempted` -> 75, everything else -> 1.
 """
 
+import difflib
+
+
+def closest(name, choices):
+    """The one of ``choices`` that a mistyped ``name`` is close to, or None:
+    the "did you mean" of a message that names an unknown flag, key or name."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.75)
+    return close[0] if close else None
+
 
 class EstimatorKerasError(Exception):
     """Base class of every error this package raises deliberately."""

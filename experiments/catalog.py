@@ -72,6 +72,12 @@ def requested_modules(modules=()):
     return list(found.items())
 
 
+def plugins_requested(modules=()):
+    """Whether :func:`load` would import modules other than the built-in
+    ones (``modules``, ``EK_MODULES``, installed plugins)."""
+    return bool(requested_modules(modules)) or any(True for _ in _plugin_entry_points())
+
+
 def _plugin_entry_points():
     """The installed plugins' entry points. Python 3.9's importlib.metadata
     selects no group (it returns a dict) and gives no EntryPoint.dist."""

@@ -18,7 +18,8 @@ from estimator_keras import engines, memory
 from estimator_keras.distribute import preemption
 from estimator_keras.engines import keras_setup
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
-from experiments import cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags, tune_cmd
+from experiments import (catalog, cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags,
+                         tune_cmd)
 
 logger = logging.getLogger("experiments")
 
@@ -167,6 +168,7 @@ def main(argv=None):
     memory.limit_arenas()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    parsing.check_command_flags_come_after(parser, argv)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "train" and args.tuning_trial:
         try:
@@ -182,7 +184,14 @@ def main(argv=None):
     _setup_logging(args.verbose)
     try:
         _prepare_keras(args)
-        if not args.verbose and args.command in _TENSORFLOW_COMMANDS:
+        quiet = not args.verbose and args.command in _TENSORFLOW_COMMANDS
+        if args.command in _MODEL_COMMANDS:
+            if quiet and catalog.plugins_requested(args.modules):
+                # The user's modules may import TensorFlow, which prints
+                # its C++ lines as it loads.
+                _import_tensorflow_quietly()
+            commands.check_usage(args)
+        if quiet:
             _import_tensorflow_quietly()
         if args.command == "cluster":
             return cluster_cmd.run(args, extra)

@@ -172,6 +172,20 @@ def train_config(args):
                                       for flag, field in TRAIN_CONFIG_FLAGS.items()})
 
 
+def check_usage(args):
+    """Refuses what train, evaluate and export would refuse before they
+    start (an unknown experiment or hparam, a value of the wrong type, a
+    --dataset that is not there): all TensorFlow-free, so that bad usage is
+    answered before TensorFlow is imported."""
+    if args.command != "train":
+        experiment_config(args)
+        return
+    _, config = train_config(args)
+    where = data_dir(args)
+    if not any(io.is_remote(p) for p in (config.data.dataset or "", where)):
+        datasets.find(config.data.dataset, where)
+
+
 def cmd_train(args):
     train = tensorflow_module("experiments.train")
     experiment, config = train_config(args)

@@ -78,11 +78,12 @@ def load(path):
     return {k: (v or {}) if k in SECTIONS or k == "model" else v for k, v in obj.items()}
 
 
-def _typed(where, key, value, default, annotation=None):
-    """``value`` checked against (or, for text, parsed to) the type of ``default``."""
+def _typed(source, where, key, value, default, annotation=None):
+    """``value`` checked against (or, for text, parsed to) the type of
+    ``default``; a ConfigError names ``source`` (the file) and the key."""
     name = f"{where}.{key}" if where else key
     if isinstance(value, str) and not (isinstance(default, str) or default is None):
-        return hparams.parse_value(name, value, default)
+        return hparams.parse_value(name, value, default, source=source)
     if default is None or value is None:
         return value
     if isinstance(default, bool) or isinstance(value, bool):
@@ -95,8 +96,8 @@ def _typed(where, key, value, default, annotation=None):
     if not ok and annotation is not None and typing.get_origin(annotation) is typing.Union:
         ok = any(isinstance(value, t) for t in typing.get_args(annotation) if t is not type(None))
     if not ok:
-        raise ConfigError(f"{name}: expected {type(default).__name__} like the default "
-                          f"{default!r}; given {value!r} ({type(value).__name__}).")
+        raise ConfigError(f"{source}: {name}: expected {type(default).__name__} like the "
+                          f"default {default!r}; given {value!r} ({type(value).__name__}).")
     return value
 
 
@@ -105,7 +106,7 @@ def apply(config, sections, source="--config"):
     if sections.get("name") not in (None, config.name):
         raise ConfigError(f"{source} was written for experiment {sections['name']!r}, not "
                           f"{config.name!r}; change its name: or leave it out.")
-    replaced = {key: _typed("", key, sections[key], getattr(config, key))
+    replaced = {key: _typed(source, "", key, sections[key], getattr(config, key))
                 for key in SCALARS if key in sections}
     for name, cls in SECTIONS.items():
         values = sections.get(name) or {}
@@ -116,14 +117,14 @@ def apply(config, sections, source="--config"):
             raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)} in section "
                               f"{name!r}; valid: {', '.join(sorted(fields))}.")
         replaced[name] = dataclasses.replace(current, **{
-            key: _typed(name, key, value, getattr(current, key), fields[key].type)
+            key: _typed(source, name, key, value, getattr(current, key), fields[key].type)
             for key, value in values.items()})
     model = dict(config.model)
     for key, value in (sections.get("model") or {}).items():
         if key not in model:
             raise ConfigError(f"{source}: unknown key {key!r} in section 'model' of experiment "
                               f"{config.name!r}; valid: {', '.join(sorted(model)) or 'none'}.")
-        model[key] = _typed("model", key, value, model[key])
+        model[key] = _typed(source, "model", key, value, model[key])
     return dataclasses.replace(config, model=model, **replaced)
 
 

@@ -105,6 +105,11 @@ def find(name, data_dir):
                 if is_prepared(data_dir, n)]
     # A path names the files to import, never the new dataset: that gets a name.
     is_path = "/" in str(name) or os.sep in str(name) or io.isdir(name)
+    if is_path and not io.exists(name):
+        raise UsageError(f"--dataset {name!r}: no such folder. Give the folder of a prepared "
+                         f"dataset (one holding a dataset.json), or a dataset's name: prepared "
+                         f"in {data_dir} ({', '.join(prepared) or 'none'}) or registered "
+                         f"({', '.join(registry.dataset_names())}).")
     new_name = suggested_name(name)
     hint = "" if is_path else registry.did_you_mean(name, prepared + registry.dataset_names())
     raise UsageError(

@@ -7,18 +7,21 @@ unknown key is a ConfigError listing every valid key.
 
 import dataclasses
 
+from experiments import registry
 from experiments.config import LEARNING_RATE_DECAYS, DataConfig, TrainConfig
 from estimator_keras.errors import ConfigError, UsageError
 
 
-def parse_value(key, text, default):
-    """``text`` parsed to the type of ``default`` (ConfigError naming ``key``)."""
+def parse_value(key, text, default, source=None):
+    """``text`` parsed to the type of ``default`` (ConfigError naming ``key``,
+    and ``source``, the config file it is from, if any)."""
+    what = f"{source}: {key}={text!r}" if source else f"hparam {key}={text!r}"
     if isinstance(default, bool):
         if text.lower() in ("1", "true", "yes", "on"):
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"hparam {key}={text!r}: expected a boolean (true/false).")
+        raise ConfigError(f"{what}: expected a boolean (true/false).")
     for kind in (int, float):
         if isinstance(default, kind):
             try:
@@ -27,7 +30,7 @@ def parse_value(key, text, default):
                 # "64.0": tuning services send whole numbers as doubles.
                 if kind is int and _whole(text):
                     return int(float(text))
-                raise ConfigError(f"hparam {key}={text!r}: expected {kind.__name__} "
+                raise ConfigError(f"{what}: expected {kind.__name__} "
                                   f"(default {default!r}).") from None
     if default is None:
         for kind in (int, float):
@@ -36,7 +39,7 @@ def parse_value(key, text, default):
             except ValueError:
                 pass
     if isinstance(default, (list, tuple)):
-        return type(default)(parse_value(key, t, default[0] if default else "")
+        return type(default)(parse_value(key, t, default[0] if default else "", source)
                              for t in text.split(":"))
     return text
 
@@ -97,8 +100,8 @@ def with_overrides(config, hparams=None, **flags):
                 valid = sorted({f.name for f in dataclasses.fields(TrainConfig)}
                                | {f.name for f in dataclasses.fields(DataConfig)}
                                - {"dataset", "features"} | set(model))
-                raise ConfigError(f"unknown hparam {key!r} for experiment "
-                                  f"{config.name!r}; valid: {', '.join(valid)}.")
+                raise ConfigError(f"unknown hparam {key!r}{registry.did_you_mean(key, valid)} "
+                                  f"for experiment {config.name!r}; valid: {', '.join(valid)}.")
     # Flags come last: they beat --hparams.
     for key, value in flags.items():
         if value is not None:

@@ -225,11 +225,10 @@ class TrainTracking(RunRecord):
         resume = known.get("run_id") if known.get("tracking_uri") == uri else None
         parent = os.environ.get(settings.PARENT_VARIABLE) or None
         experiment = os.environ.get(EXPERIMENT_VARIABLE) or ctx.config.name
+        self._resume, self._experiment = resume, experiment
         self.run = run_factory(
             uri, experiment=experiment, run_name=io.basename(ctx.model_dir.rstrip("/")),
             run_id=resume, parent_run_id=parent, on_started=self._started, log=ctx.log)
-        verb = "continues in" if resume else "is recorded in"
-        ctx.log(f"this run {verb} MLflow at {settings.shown(uri)} (experiment {experiment!r})")
         # pylint: disable-next=import-outside-toplevel  (loads Keras' backend facts)
         from estimator_keras import engines
         self._backend = engines.backend_devices(ctx.engine.name)
@@ -238,6 +237,10 @@ class TrainTracking(RunRecord):
 
     def _started(self, run_id):
         write_run_file(self.ctx.model_dir, self.uri, run_id)
+        # Said once MLflow has the run (a store that cannot be reached never has it).
+        verb = "continues in" if run_id == self._resume else "is recorded in"
+        self.ctx.log(f"this run {verb} MLflow at {settings.shown(self.uri)} "
+                     f"(experiment {self._experiment!r})")
 
     def _tags(self):
         ctx = self.ctx

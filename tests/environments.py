@@ -164,7 +164,7 @@ ENVIRONMENTS = {
             "test_prepare_files.py", "test_records.py", "test_reliability.py",
             "test_sources.py", "test_your_data.py", "test_engine_house.py",
             "test_a_fourth_engine.py", "test_exact_resume.py", "test_input_order.py",
-            "test_resume_random_layers.py",
+            "test_resume_random_layers.py", "test_first_hour.py",
             # Starts the py311 and keras envs' interpreters (tests/keras_envs.py).
             "test_optimizer_moves.py",
         ),
@@ -179,6 +179,8 @@ ENVIRONMENTS = {
             "tests/test_docs.py::test_the_pages_examples_run[[]docs/howto/tracking.md[]]":
                 "the page tracks runs with --track, which needs the mlflow extra; the "
                 "Quickstart does not install it",
+            "tests/test_first_hour.py::test_track_says_the_run_is_recorded_only_once_mlflow_has_it":
+                "--track needs the mlflow extra; the Quickstart does not install it",
             "tests/test_a_fourth_engine.py::test_the_docs_engine_table_has_its_column":
                 "MkDocs comes with the docs extra, which the Quickstart does not install",
             "tests/test_engine_interface.py::*[[]estimator[]]":
@@ -205,11 +207,12 @@ ENVIRONMENTS = {
         "mlflow): `prepare --beam` on 3.13, the tracking page and tracking's bounds on the "
         "keras3 engine; and the check that the envs together run every case",
         modules=("test_prepare_beam.py", "test_docs.py", "test_environments_cover.py",
-                 "test_tracking_bounds.py"),
+                 "test_tracking_bounds.py", "test_first_hour.py"),
         engines=("keras3",),
         backends=("tensorflow",),
         skips={},
-        only={"test_docs.py": ("test_the_pages_examples_run[[]docs/howto/tracking.md[]]",)},
+        only={"test_docs.py": ("test_the_pages_examples_run[[]docs/howto/tracking.md[]]",),
+              "test_first_hour.py": ("test_track_says_the_run_is_recorded_only_once_mlflow_has_it",)},
     ),
 }
 

@@ -90,6 +90,11 @@ def test_the_quickstart_states_one_measured_result_with_its_source():
     assert len(set(sources)) == 1, sources
     published = open(os.path.join(ROOT, sources[0]), encoding="utf-8").read()
     assert f"final metrics: accuracy {accuracies[0]}" in published
+    # It is one run, of the code its transcript names, and others end elsewhere.
+    flat = " ".join(text.split())
+    assert "One measured run" in flat and "varies from run to run" in flat, flat
+    (code,) = re.findall(r"library as (\w+)\)", published.splitlines()[0])
+    assert f"(library as of {code})" in flat, (code, flat)
 
 
 def test_the_quickstart_makes_a_venv_and_uses_it():

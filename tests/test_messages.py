@@ -149,11 +149,13 @@ def test_header_names_the_backend_and_devices():
 
 
 def test_cli_header_says_where_the_run_computes(tmp_path):
-    # The run stops after its first line: the dataset does not exist.
+    # The run stops after its first line: the dataset's dataset.json is not one.
+    (tmp_path / "nowhere").mkdir()
+    (tmp_path / "nowhere" / "dataset.json").write_text("{}")
     rc, _, err = cli("train", "image_classifier", "--dataset", str(tmp_path / "nowhere"),
                      "--model-dir", tmp_path / "run", "--data-dir", tmp_path / "data",
                      timeout=180)
-    _one_error(rc, err)
+    _one_error(rc, err, code=1)
     header = err.splitlines()[0]
     assert re.search(r"; engine (estimator|keras|keras3) \(tensorflow, (cpu|gpu|\d+ gpus)\)$",
                      header), header

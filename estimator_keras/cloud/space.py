@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import yaml
 
 from estimator_keras import io
-from estimator_keras.errors import ConfigError
+from estimator_keras.errors import ConfigError, closest
 
 TYPES = ("double", "integer", "discrete", "categorical")
 SCALES = {"linear": "UNIT_LINEAR_SCALE", "log": "UNIT_LOG_SCALE"}
@@ -211,6 +211,11 @@ class SearchSpace:
                                          getattr(e, "message", None) or e)) from e
 
 
+def _did_you_mean(name: Any, choices: Any) -> str:
+    close = closest(name, choices)
+    return " (did you mean %s?)" % close if close else ""
+
+
 def _parse_parameter(name: Any, body: Any, source: str) -> Parameter:
     where = "%s: parameter %r" % (source, name)
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -220,13 +225,21 @@ def _parse_parameter(name: Any, body: Any, source: str) -> Parameter:
         raise ConfigError("%s must map to {type: ..., ...}, for example {type: double, "
                           "min: 0.0001, max: 0.01, scale: log}; got %r." % (where, body))
     kind = body.get("type")
+    if "type" not in body:
+        # A misspelt key (tpye:) leaves the type out: name that key.
+        keys = sorted({k for keys in _KEYS.values() for k in keys})
+        unknown = [k for k in body if k not in keys]
+        raise ConfigError("%s: %sno type; expected type: one of %s."
+                          % (where, "".join("unknown key %r%s and " % (k, _did_you_mean(k, keys))
+                                            for k in unknown[:1]), ", ".join(TYPES)))
     if kind not in TYPES:
-        raise ConfigError("%s: unknown type %r; expected one of %s."
-                          % (where, kind, ", ".join(TYPES)))
+        raise ConfigError("%s: unknown type %r%s; expected one of %s."
+                          % (where, kind, _did_you_mean(kind, TYPES), ", ".join(TYPES)))
     unknown = [k for k in body if k not in _KEYS[kind]]
     if unknown:
-        raise ConfigError("%s: unknown key %r for type %s; its keys are %s."
-                          % (where, unknown[0], kind, ", ".join(_KEYS[kind])))
+        raise ConfigError("%s: unknown key %r%s for type %s; its keys are %s."
+                          % (where, unknown[0], _did_you_mean(unknown[0], _KEYS[kind]), kind,
+                             ", ".join(_KEYS[kind])))
     scale = body.get("scale", "linear")
     if scale not in SCALES:
         raise ConfigError("%s: unknown scale %r; expected linear or log." % (where, scale))

@@ -302,7 +302,7 @@ def resolve_engine(requested="auto", model_dir=None):
         check_keras3(requested)
     why = _cannot_run(entry)
     if why:
-        raise ConfigError(why)
+        raise ConfigError(f"{why} {_engines_here()}.")
     if entry.keras != 3:
         check_keras2(requested)
     return requested
@@ -310,6 +310,14 @@ def resolve_engine(requested="auto", model_dir=None):
 
 def _cannot_run(entry):
     return entry.cannot_run() if entry.cannot_run is not None else ""
+
+
+def _engines_here():
+    """"Use --engine keras3 here" for the engines this environment can run."""
+    here = [f"--engine {name}" for name, ok, _ in statuses() if ok]
+    if not here:
+        return "No engine runs in this environment (`python -m experiments list` says why)"
+    return f"Use {' or '.join(here)} here"
 
 
 def get_engine(name):

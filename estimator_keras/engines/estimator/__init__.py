@@ -29,9 +29,8 @@ def _cannot_run():
     installed = importlib.util.find_spec("tensorflow_estimator") is not None
     return (f"the estimator engine needs tf.estimator, which ended with TensorFlow 2.15 and "
             f"tensorflow-estimator 2.15 (this is TensorFlow {engines.tensorflow_version()}"
-            f"{'' if installed else ', without tensorflow-estimator'}). Use --engine keras "
-            f"(Model.fit) or --engine keras3 (Keras 3) here, or install tensorflow-cpu==2.15.* "
-            f"and tensorflow-estimator==2.15.* on Python <= 3.11.")
+            f"{'' if installed else ', without tensorflow-estimator'}); it runs with "
+            f"tensorflow-cpu==2.15.* and tensorflow-estimator==2.15.* on Python <= 3.11.")
 
 
 def _claims(reader):
