@@ -105,6 +105,7 @@ class Runner:
                 # A candidate a run that died left behind.
                 self._export_best()
                 return self._already_trained(latest)
+            ctx.store_order()
             self.tracking = tracked.start(ctx, ctx.tracking_uri, ctx.register)
             with self.tracking or contextlib.nullcontext():
                 metrics, export_dir = self._train_and_export()
@@ -292,7 +293,8 @@ def export_metadata(config, engine, dataset_path, metrics):
 def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
           engine="auto", skip_corrupt=False, prepare_workers=1, export_dir=None,
           tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS, flat_export=False,
-          hypertune_metric=None, evaluations=None, track=None, register=None):
+          hypertune_metric=None, evaluations=None, track=None, register=None,
+          restart_order=False):
     """Runs the experiment: prepare data if missing, train and evaluate,
     export (chief only). Works locally and as any task of a TF_CONFIG cluster.
 
@@ -310,6 +312,9 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     default, see :func:`estimator_keras.tracking.settings.resolve`; None:
     ``EK_TRACKING_URI`` decides), and ``register`` names the registered
     model its export becomes a version of (see :mod:`experiments.tracked`).
+    ``restart_order``: where the settings that fix the input order changed
+    since the checkpoint, start a fresh order at the next epoch boundary
+    instead of refusing the run (see :mod:`estimator_keras.order_state`).
 
     Raises:
       Preempted: training stopped on a signal; rerunning resumes.
@@ -321,7 +326,7 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
                            export_dir=export_dir, tensorboard_dir=tensorboard_dir,
                            preemption_grace=preemption_grace, flat_export=flat_export,
                            hypertune_metric=hypertune_metric, evaluations=evaluations,
-                           track=track, register=register)
+                           track=track, register=register, restart_order=restart_order)
     metrics, exported = Runner(ctx).run()
     step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
     evaluated = None

@@ -75,6 +75,10 @@ def add_train_flags(parser, exclude=()):
              "the weights of one never stopped, bit for bit")
     add("--skip-corrupt", action="store_true",
         help="skip unreadable records (logged) instead of stopping")
+    add("--restart-order", action="store_true",
+        help="on a model dir whose input order settings (seed, batch size, cache decision, "
+             "shuffle, dataset) changed since its checkpoint, start a fresh order at the next "
+             "epoch boundary instead of refusing the run")
     add("--tuning-trial", action="store_true",
         help="run as a tuning service's trial: extra --name=value arguments become --hparams")
     add("--hypertune-metric", metavar="METRIC",
