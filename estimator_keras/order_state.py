@@ -256,14 +256,14 @@ def _changes(stored, new):
 
 
 def _where(settings, consumed):
-    """"epoch 2, batch 56 of 469" for one pipeline, or "each pipeline at ..."."""
+    """"epoch 2, batch 56 of 469", with "(pipeline i)" after each where there are several."""
     places = []
     for pipeline, n in zip(settings.pipelines, consumed):
         epoch, batch = divmod(n, pipeline.batches_per_epoch)
         places.append(f"epoch {epoch}, batch {batch} of {pipeline.batches_per_epoch}")
     if len(places) == 1:
         return places[0]
-    return "; ".join(f"pipeline {i}: {p}" for i, p in enumerate(places))
+    return "; ".join(f"{p} (pipeline {i})" for i, p in enumerate(places))
 
 
 def _next_epoch(settings, consumed):
