@@ -398,10 +398,14 @@ class RunContext:
         written), or logs one line: where its training input picks up."""
         if not self.start_step or self.start_step >= self.config.train.max_steps:
             return
-        if self.order_refusal is not None:
-            raise self.order_refusal
+        self.check_order()
         if self.order is not None and self.order.message:
             self.log(self.order.message)
+
+    def check_order(self):
+        """Raises the refusal of a rerun that would train on in a changed input order."""
+        if self.order_refusal is not None and self.start_step < self.config.train.max_steps:
+            raise self.order_refusal
 
     def store_order(self):
         """The chief stores the input order it trains, before a step of it."""

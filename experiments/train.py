@@ -169,6 +169,9 @@ class Runner:
 
     def _train(self, is_chief):
         ctx = self.ctx
+        # A task that found no checkpoint of its own (a JAX process but 0) refuses
+        # with process 0 instead of waiting for it in the first step.
+        ctx.check_order()
         # The evaluator runs no steps of its own: it stops at once on a
         # signal. A parameter server waits inside TensorFlow, where no Python
         # handler runs: it keeps the signals' own effect.
