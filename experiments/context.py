@@ -128,8 +128,8 @@ def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, sh
     return train_fn, eval_fn
 
 
-def input_order(config, dataset_path, info, group, replicas, *, model_dir, start_step, seed,
-                skip_corrupt=False, restart=False):
+def training_order(config, dataset_path, info, group, replicas, *, model_dir, start_step,
+                   seed, skip_corrupt=False, restart=False):
     """``(decision, refusal, cache_decided)``: where the training input of
     a run at ``start_step`` starts (an :class:`~estimator_keras.order_state.Decision`),
     the :class:`~estimator_keras.order_state.OrderChangedError` that refuses
@@ -367,7 +367,7 @@ class RunContext:
         slow = engines.setup_warning(engine_obj.name, backend, platform, probe, info.num_workers)
         if slow and info.is_chief:
             task_log(info, slow)
-        order, order_refusal, cache_decided = input_order(
+        order, order_refusal, cache_decided = training_order(
             config, dataset_path, info, training_group, replicas, model_dir=str(model_dir),
             start_step=start_step, seed=seed, skip_corrupt=skip_corrupt, restart=restart_order)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
