@@ -104,12 +104,12 @@ def input_config(config, skip_corrupt=False, seed=None):
 
 
 def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, shard=None,
-              start_step=0, order=None, cache_decided=None):
+              start_step=0, resume=None, cache_decided=None):
     """Train and eval input_fns over the experiment's dataset; ``seed``
     makes their shuffles (and so the run) repeatable; ``shard``
     (processes, rank) gives this process its share of the training files
     where no ``tf.distribute.InputContext`` will; the training input
-    resumes after the batches of ``start_step`` steps, or where ``order``
+    resumes after the batches of ``start_step`` steps, or where ``resume``
     (an :class:`~estimator_keras.order_state.Decision`) says, with the
     cache decision ``cache_decided`` where one was made before."""
     data = config.data
@@ -122,7 +122,7 @@ def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, sh
     train_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=True,
                                     split=data.train_split, shard=shard, start_step=start_step,
                                     config=dataclasses.replace(shared, cache_decided=cache_decided),
-                                    resume=order)
+                                    resume=resume)
     eval_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=False,
                                    split=data.eval_split, config=shared)
     return train_fn, eval_fn
@@ -372,7 +372,7 @@ class RunContext:
             start_step=start_step, seed=seed, skip_corrupt=skip_corrupt, restart=restart_order)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
                                       shard=training_group.input_shard, start_step=start_step,
-                                      order=order, cache_decided=cache_decided)
+                                      resume=order, cache_decided=cache_decided)
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,
                    strategy_name=strategy_name, distribute=distribute, replicas=replicas,
                    model_dir=str(model_dir), export_dir=export_dir,
