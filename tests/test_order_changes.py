@@ -25,7 +25,7 @@ import pytest
 
 import resume_support
 from plugin_support import plugin_env, run_cli
-from estimator_keras import order_state, records
+from estimator_keras import engines, order_state, records
 from estimator_keras.inputs import make_dataset
 
 ENV = {"TF_USE_LEGACY_KERAS": "0", "KERAS_BACKEND": "tensorflow"}
@@ -272,3 +272,32 @@ def test_an_order_stored_at_the_checkpoints_step_is_kept_only_if_this_run_matche
     assert [s.step for s in order_state.load(model_dir)] == [0]
     legacy = order_state.decide(str(tmp_path / "legacy"), 10, old)
     assert legacy.how == "derived" and "the position is derived from the step" in legacy.message
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not engines.estimator_available(), reason="tf.estimator ends at TF 2.15")
+def test_a_parameter_server_cluster_resumes_each_worker_at_a_fresh_epoch(ids_data, tmp_path):
+    """A real chief + worker + ps cluster (estimator), trained to step 30 and
+    rerun: no task claims to continue; each worker starts the epoch after an
+    even share of the steps (15: epochs of 9 and 5 batches), stored."""
+    module, data_dir = ids_data
+    logs = {}
+    for steps in (30, 40):
+        log_dir = tmp_path / f"logs-{steps}"
+        rc, out, err = run_cli("--module", module, "cluster", resume_support.EXPERIMENT,
+                               "--workers", 1, "--ps", 1, "--strategy", "parameter_server",
+                               "--engine", "estimator", "--model-dir", tmp_path / "model",
+                               "--log-dir", log_dir, "--quiet", "--timeout", 300,
+                               "--data-dir", data_dir, "--max-steps", steps,
+                               cwd=os.path.dirname(module),
+                               env=plugin_env(TF_USE_LEGACY_KERAS="0"), timeout=360)
+        assert rc == 0, out[-3000:] + err[-3000:]
+        logs[steps] = {p.stem: p.read_text() for p in log_dir.iterdir()}
+    for task in ("chief-0", "worker-0"):
+        assert ("resuming at step 30 on parameter-server workers: each takes batches at its own "
+                "pace and the checkpoint does not say how many each took, so each worker starts "
+                "a fresh epoch of its share (epoch 2, epoch 3: after an even share of 15 steps), "
+                "skipping nothing") in logs[40][task], logs[40][task][-3000:]
+        assert "continues at" not in logs[40][task]
+    stored = [(s.step, s.starts) for s in order_state.load(str(tmp_path / "model"))]
+    assert stored == [(0, (0, 0)), (30, (2 * 9, 3 * 5))]
