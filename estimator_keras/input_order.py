@@ -84,6 +84,16 @@ def position(start_batch, batches_per_epoch, seed):
     return Position(epoch, batch, batches_per_epoch, seed)
 
 
+def pipeline_of(input_context, shard=None):
+    """``(num_shards, index)``: the input pipelines sharing the files and
+    this one's index, from a ``tf.distribute.InputContext`` or ``shard``."""
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        return input_context.num_input_pipelines, input_context.input_pipeline_id
+    if shard is not None:
+        return tuple(shard)
+    return 1, 0
+
+
 def pipeline_files(files, num_shards, index):
     """``(files, by_record)``: what pipeline ``index`` of ``num_shards``
     reads. With at least as many files as pipelines each pipeline reads

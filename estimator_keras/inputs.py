@@ -101,6 +101,8 @@ class InputConfig:
         instead of failing; a batch holding a record that reads but does not
         parse to the schema is dropped whole (parsing is one op per batch).
       seed: seeds shuffling; None for a different order every run.
+      cache_decided: ``(cache?, reason)`` of cache="auto" in training, decided
+        by the caller (a resumed run keeps its stored decision); None: here.
     """
 
     features: object = None
@@ -117,6 +119,7 @@ class InputConfig:
     autotune_ram_mb: float = None
     skip_corrupt: bool = False
     seed: int = None
+    cache_decided: tuple = None
 
     def __post_init__(self):
         if self.shuffle not in SHUFFLE_MODES:
@@ -350,11 +353,7 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
     resolved = _resolve(data, split, training, config)
     mapping = feature_map(resolved.schema, config.features, config.label)
 
-    num_shards, index = 1, 0
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
-    elif shard is not None:
-        num_shards, index = shard
+    num_shards, index = input_order.pipeline_of(input_context, shard)
     files, by_record = input_order.pipeline_files(resolved.files, num_shards, index)
     if by_record:
         # Fewer files than pipelines: every pipeline reads every file and
@@ -362,8 +361,9 @@ def make_dataset(data, batch_size, *, training, split=None, config=None,
         logger.warning("%d file(s) for %d input pipelines: sharding by record; "
                        "write more shards for faster reading", len(files), num_shards)
     label_names = [config.label] if config.label else []
-    cache, reason = cache_decision(config, resolved, set(mapping.values()) | set(label_names),
-                                   num_shards)
+    decided = config.cache_decided if training and config.cache == "auto" else None
+    cache, reason = decided or cache_decision(
+        config, resolved, set(mapping.values()) | set(label_names), num_shards)
     if config.cache == "auto":
         _log_once((tuple(resolved.files), num_shards, index, cache, config.cache_budget_mb),
                   reason)
@@ -554,7 +554,7 @@ def _epoch_batches(config, resolved, batch_size, num_shards):
 
 
 def make_input_fn(data, batch_size, *, training, split=None, config=None,
-                  num_epochs=None, shard=None, start_step=0, **overrides):
+                  num_epochs=None, shard=None, start_step=0, resume=None, **overrides):
     """An Estimator ``input_fn`` over the same pipeline as :func:`make_dataset`.
 
     Files are resolved now, so a missing or incomplete dataset fails here and
@@ -562,7 +562,8 @@ def make_input_fn(data, batch_size, *, training, split=None, config=None,
     an Estimator passes (``params``, ``mode``, ``config``, ``input_context``)
     and ``start_step``: the step training resumes at (default: the one given
     here), from which a training pipeline knows how many of its batches were
-    consumed (one a step per replica it feeds) and resumes after them.
+    consumed (one a step per replica it feeds) and resumes after them; or,
+    given ``resume`` (an :class:`~estimator_keras.order_state.Decision`), after those it says.
 
     Example::
 
@@ -577,11 +578,14 @@ def make_input_fn(data, batch_size, *, training, split=None, config=None,
     # Estimator inspects the argument names and passes only those it knows.
     def input_fn(params=None, mode=None, config=None, input_context=None,  # pylint: disable=unused-argument
                  start_step=None):
-        step = resumed_at if start_step is None else start_step
+        step = int((resumed_at if start_step is None else start_step) or 0)
+        per_step, index = batches_per_step(input_context), input_order.pipeline_of(
+            input_context, shard)[1]
+        start_batch = (step * per_step if resume is None else
+                       resume.start_batch(index, step, per_step))
         return make_dataset(resolved, batch_size, training=training,
                             config=input_config, num_epochs=num_epochs,
-                            input_context=input_context, shard=shard,
-                            start_batch=int(step or 0) * batches_per_step(input_context))
+                            input_context=input_context, shard=shard, start_batch=start_batch)
 
     input_fn.files = resolved
     return input_fn

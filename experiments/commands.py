@@ -197,7 +197,8 @@ def cmd_train(args):
                          flat_export=flat, hypertune_metric=args.hypertune_metric,
                          evaluations=evaluations.Recorder(args.evaluations_file,
                                                           args.print_evaluations),
-                         track=args.track, register=args.register)
+                         track=args.track, register=args.register,
+                         restart_order=args.restart_order)
     if result.metrics:
         print(f"final metrics: {format_metrics(result.metrics)} "
               f"({describe_evaluation(result.evaluated)})")

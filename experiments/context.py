@@ -10,9 +10,10 @@ import dataclasses
 import sys
 import time
 
+import numpy as np
 import tensorflow as tf
 
-from estimator_keras import (engines, input_order, inputs, manifest, model_inputs, precision,
+from estimator_keras import (engines, inputs, manifest, model_inputs, order_state, precision,
                              records)
 from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
@@ -92,30 +93,95 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
                     f"`python -m experiments prepare {name} --data-dir {data_dir}` first.")
 
 
-def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, shard=None,
-              start_step=0):
-    """Train and eval input_fns over the experiment's dataset; ``seed``
-    makes their shuffles (and so the run) repeatable; ``shard``
-    (processes, rank) gives this process its share of the training files
-    where no ``tf.distribute.InputContext`` will; the training input
-    resumes after the batches of ``start_step`` steps."""
+def input_config(config, skip_corrupt=False, seed=None):
+    """The :class:`~estimator_keras.inputs.InputConfig` of an experiment's data settings."""
     data = config.data
-    input_config = inputs.InputConfig(
+    return inputs.InputConfig(
         features=data.features, label=data.label, shuffle=data.shuffle,
         shuffle_buffer=data.shuffle_buffer, cache=data.cache,
         cache_budget_mb=data.cache_budget_mb, cache_shuffle=data.cache_shuffle,
         skip_corrupt=skip_corrupt, seed=seed)
+
+
+def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, shard=None,
+              start_step=0, resume=None, cache_decided=None):
+    """Train and eval input_fns over the experiment's dataset; ``seed``
+    makes their shuffles (and so the run) repeatable; ``shard``
+    (processes, rank) gives this process its share of the training files
+    where no ``tf.distribute.InputContext`` will; the training input
+    resumes after the batches of ``start_step`` steps, or where ``resume``
+    (an :class:`~estimator_keras.order_state.Decision`) says, with the
+    cache decision ``cache_decided`` where one was made before."""
+    data = config.data
+    shared = input_config(config, skip_corrupt, seed)
     if info is not None and info.has_ps and info.task_type in tf_config.TRAINING_TYPES:
         # Parameter-server workers get no InputContext: split the files
         # between chief and workers from TF_CONFIG instead.
         order = info.cluster.get("chief", []) + info.cluster.get("worker", [])
         shard = (len(order), order.index(info.task_address))
     train_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=True,
-                                    split=data.train_split, config=input_config, shard=shard,
-                                    start_step=start_step)
+                                    split=data.train_split, shard=shard, start_step=start_step,
+                                    config=dataclasses.replace(shared, cache_decided=cache_decided),
+                                    resume=resume)
     eval_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=False,
-                                   split=data.eval_split, config=input_config)
+                                   split=data.eval_split, config=shared)
     return train_fn, eval_fn
+
+
+def training_order(config, dataset_path, info, group, replicas, *, model_dir, start_step,
+                   seed, skip_corrupt=False, restart=False):
+    """``(decision, refusal, cache_decided)``: where the training input of
+    a run at ``start_step`` starts (an :class:`~estimator_keras.order_state.Decision`),
+    the :class:`~estimator_keras.order_state.OrderChangedError` that refuses
+    it (None: none), and the cache decision of cache="auto" (None: decided
+    in the pipeline). A resumed cache="auto" keeps its stored decision."""
+    data, train = config.data, config.train
+    resolved = records.resolve(dataset_path, data.train_split, check_sizes=False)
+    shared = input_config(config, skip_corrupt, seed)
+    if info.has_ps:
+        # Parameter-server workers split the files between chief and workers.
+        pipelines, per_step = len(info.cluster.get("chief", []) + info.cluster.get("worker", [])), 1
+    else:
+        pipelines = (group.input_shard[0] if group.input_shard else
+                     info.num_workers if info.num_workers > 1 else 1)
+        per_step = max(1, replicas // pipelines)
+    names = set(feature_map(resolved.schema, data.features, data.label).values())
+    cache, reason = inputs.cache_decision(shared, resolved, names | {data.label} - {None},
+                                          pipelines)
+    stored = order_state.stored_cache(model_dir, start_step) if data.cache == "auto" else None
+    if stored is not None:
+        now = reason.split(": ", 1)[-1]
+        reason = (f"cache=auto: {'caching' if stored else 'not caching'} the training input, as "
+                  f"decided when its stored order began ({order_state.FILE}); from the memory "
+                  f"available now: {now}")
+        cache = stored
+    settings = order_state.Settings(
+        seed=seed, batch_size=train.batch_size,
+        global_batch_size=train.batch_size * (1 if info.has_ps else replicas),
+        batches_per_step=per_step, asynchronous=bool(info.has_ps),
+        pipelines=order_state.pipelines(resolved, pipelines, train.batch_size), cache=bool(cache),
+        shuffle=shared.shuffle, shuffle_buffer=shared.shuffle_buffer,
+        cache_shuffle="records" if shared.reforms_batches() else "batches",
+        cycle_length=shared.cycle_length, block_length=shared.block_length,
+        dataset=order_state.fingerprint(resolved))
+    refusal = None
+    try:
+        decision = order_state.decide(model_dir, start_step, settings, restart=restart,
+                                      approximate=skip_corrupt)
+    except order_state.OrderChangedError as e:
+        refusal = e
+        decision = order_state.Decision(start_step, (start_step * per_step,) * pipelines,
+                                        "refused")
+    if group.process_0_decides:
+        # Only process 0 reads the model dir: every process starts where it says.
+        told = np.asarray(group.from_process_0(np.array(
+            [refusal is not None, bool(cache), *decision.starts], np.int32)))
+        if told[0] and refusal is None:
+            refusal = order_state.OrderChangedError(
+                "process 0 refuses to resume: the input order's settings changed (see its log).")
+        cache = bool(told[1])
+        decision = dataclasses.replace(decision, starts=tuple(int(n) for n in told[2:]))
+    return decision, refusal, ((cache, reason) if data.cache == "auto" else None)
 
 
 # Where an experiment maps record features to its model's inputs.
@@ -192,6 +258,10 @@ class RunContext:
       tracking_uri: where the chief records the run in MLflow (None: nowhere;
         see :mod:`experiments.tracked`).
       register: the MLflow registered model the final export becomes a version of.
+      order: where the training input starts, and the order the chief
+        stores (an :class:`~estimator_keras.order_state.Decision`).
+      order_refusal: the error that refuses a rerun whose input order
+        settings changed, raised before training (None: none).
     """
 
     experiment: object
@@ -221,13 +291,15 @@ class RunContext:
     changed: list = dataclasses.field(default_factory=list)
     tracking_uri: str = None
     register: str = None
+    order: object = None
+    order_refusal: object = None
 
     @classmethod
     def build(cls, experiment, config, *, model_dir, data_dir, source_dir=None,
               strategy="auto", engine="auto", skip_corrupt=False, prepare_workers=1,
               export_dir=None, tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS,
               flat_export=False, hypertune_metric=None, evaluations=None, track=None,
-              register=None):
+              register=None, restart_order=False):
         # A TrainJob pod on the TensorFlow runtime gets its TF_CONFIG here,
         # before anything reads it.
         trainjob_pods.export_tf_config()
@@ -301,8 +373,12 @@ class RunContext:
                            f"keep the random layers' state; {', '.join(restarted)}: their draws "
                            f"(dropout masks) start over after a resume, so a resumed run is "
                            f"not bit-identical to one never stopped")
+        order, order_refusal, cache_decided = training_order(
+            config, dataset_path, info, training_group, replicas, model_dir=str(model_dir),
+            start_step=start_step, seed=seed, skip_corrupt=skip_corrupt, restart=restart_order)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
-                                      shard=training_group.input_shard, start_step=start_step)
+                                      shard=training_group.input_shard, start_step=start_step,
+                                      resume=order, cache_decided=cache_decided)
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,
                    strategy_name=strategy_name, distribute=distribute, replicas=replicas,
                    model_dir=str(model_dir), export_dir=export_dir,
@@ -311,7 +387,8 @@ class RunContext:
                    start_step=start_step, seed=seed, policy=policy, policy_reason=policy_reason,
                    preemption_grace=preemption_grace, data=data, flat_export=flat_export,
                    hypertune_metric=hypertune_metric, evaluations=evaluations,
-                   changed=changed, tracking_uri=tracking_uri, register=register)
+                   changed=changed, tracking_uri=tracking_uri, register=register,
+                   order=order, order_refusal=order_refusal)
 
     @property
     def group(self):
@@ -323,28 +400,23 @@ class RunContext:
         task_log(self.info, message)
 
     def log_resume(self):
-        """One line: where a resumed run's training input picks up."""
+        """Refuses a rerun whose input order changed (before anything is
+        written), or logs one line: where its training input picks up."""
         if not self.start_step or self.start_step >= self.config.train.max_steps:
             return
-        if self.seed is None:
-            self.log(f"resuming at step {self.start_step} without a seed (train.seed is None): "
-                     f"the input starts a new order, not the stopped epoch's")
-            return
-        files = self.train_fn.files
-        examples = input_order.pipeline_examples(files, files.files)
-        if examples is None:
-            self.log(f"resuming at step {self.start_step}: the dataset has no example counts, so "
-                     f"the input starts a new epoch order instead of the stopped epoch's")
-            return
-        if self.info.num_workers > 1 or self.group.input_shard:
-            where = f"its stopped epoch (seed {self.seed}) in each process's share of the files"
-        else:
-            where = input_order.position(
-                self.start_step * self.replicas,
-                input_order.batches_per_epoch(examples, self.config.train.batch_size),
-                self.seed).describe()
-        self.log(f"resuming at step {self.start_step}: the input continues at {where}, "
-                 f"skipping the consumed batches unparsed")
+        self.check_order()
+        if self.order is not None and self.order.message:
+            self.log(self.order.message)
+
+    def check_order(self):
+        """Raises the refusal of a rerun that would train on in a changed input order."""
+        if self.order_refusal is not None and self.start_step < self.config.train.max_steps:
+            raise self.order_refusal
+
+    def store_order(self):
+        """The chief stores the input order it trains, before a step of it."""
+        if self.order is not None and self.start_step < self.config.train.max_steps:
+            self.order.store(self.model_dir)
 
     def build_model(self):
         return self.experiment.make_model(self.config.model, self.data)

@@ -107,6 +107,7 @@ class Runner:
                 metrics, export_dir = self._already_trained(latest)
                 tracked.repair(ctx, ctx.tracking_uri, export_dir, ctx.register)
                 return metrics, export_dir
+            ctx.store_order()
             self.tracking = tracked.start(ctx, ctx.tracking_uri, ctx.register)
             with self.tracking or contextlib.nullcontext():
                 metrics, export_dir = self._train_and_export()
@@ -170,6 +171,9 @@ class Runner:
 
     def _train(self, is_chief):
         ctx = self.ctx
+        # A task that found no checkpoint of its own (a JAX process but 0) refuses
+        # with process 0 instead of waiting for it in the first step.
+        ctx.check_order()
         # The evaluator runs no steps of its own: it stops at once on a
         # signal. A parameter server waits inside TensorFlow, where no Python
         # handler runs: it keeps the signals' own effect.
@@ -294,7 +298,8 @@ def export_metadata(config, engine, dataset_path, metrics):
 def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy="auto",
           engine="auto", skip_corrupt=False, prepare_workers=1, export_dir=None,
           tensorboard_dir=None, preemption_grace=DEFAULT_GRACE_SECS, flat_export=False,
-          hypertune_metric=None, evaluations=None, track=None, register=None):
+          hypertune_metric=None, evaluations=None, track=None, register=None,
+          restart_order=False):
     """Runs the experiment: prepare data if missing, train and evaluate,
     export (chief only). Works locally and as any task of a TF_CONFIG cluster.
 
@@ -312,6 +317,9 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     default, see :func:`estimator_keras.tracking.settings.resolve`; None:
     ``EK_TRACKING_URI`` decides), and ``register`` names the registered
     model its export becomes a version of (see :mod:`experiments.tracked`).
+    ``restart_order``: where the settings that fix the input order changed
+    since the checkpoint, start a fresh order at the next epoch boundary
+    instead of refusing the run (see :mod:`estimator_keras.order_state`).
 
     Raises:
       Preempted: training stopped on a signal; rerunning resumes.
@@ -323,7 +331,7 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
                            export_dir=export_dir, tensorboard_dir=tensorboard_dir,
                            preemption_grace=preemption_grace, flat_export=flat_export,
                            hypertune_metric=hypertune_metric, evaluations=evaluations,
-                           track=track, register=register)
+                           track=track, register=register, restart_order=restart_order)
     metrics, exported = Runner(ctx).run()
     step = int(metrics["global_step"]) if metrics and "global_step" in metrics else None
     evaluated = None

@@ -76,6 +76,10 @@ def add_train_flags(parser, exclude=()):
              "Dropout: on keras3; the other engines say so at the start)")
     add("--skip-corrupt", action="store_true",
         help="skip unreadable records (logged) instead of stopping")
+    add("--restart-order", action="store_true",
+        help="on a model dir whose input order settings (seed, batch size, cache decision, "
+             "shuffle, dataset) changed since its checkpoint, start a fresh order at the next "
+             "epoch boundary instead of refusing the run")
     add("--tuning-trial", action="store_true",
         help="run as a tuning service's trial: extra --name=value arguments become --hparams")
     add("--hypertune-metric", metavar="METRIC",

@@ -46,7 +46,7 @@ ENVIRONMENTS = {
             "test_modeldir_lock.py", "test_output.py", "test_package.py", "test_plugins.py",
             "test_plugins_cluster.py", "test_precision.py", "test_preemption.py",
             "test_preemption_tasks.py", "test_reliability.py", "test_exact_resume.py",
-            "test_input_order.py",
+            "test_input_order.py", "test_order_changes.py",
             "test_resume_random_layers.py", "test_katib_rules.py",
             "test_submit_flags.py", "test_tune.py", "test_vector_data.py",
             "test_messages.py", "test_one_input_models.py", "test_exit.py",
@@ -90,7 +90,10 @@ ENVIRONMENTS = {
         only={"test_keras_engine.py": ("test_estimator_model_dir_moves_to_the_keras_engine",
                                        "test_weights_h5_move_between_the_engines_models"),
               # Tuning on the newer engines runs in the keras env.
-              "test_tune_engines.py": ("*[[]estimator[]]",)},
+              "test_tune_engines.py": ("*[[]estimator[]]",),
+              # The rest runs the keras3 engine, in py313.
+              "test_order_changes.py": (
+                  "test_a_parameter_server_cluster_resumes_each_worker_at_a_fresh_epoch",)},
     ),
     "keras": Environment(
         "Python 3.13 with '.[cpu,jax]' and tf-keras: the keras engine on TensorFlow 2.21, the "
@@ -167,6 +170,7 @@ ENVIRONMENTS = {
             "test_resume_random_layers.py", "test_first_hour.py",
             # Starts the py311 and keras envs' interpreters (tests/keras_envs.py).
             "test_optimizer_moves.py",
+            "test_order_changes.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),
@@ -184,6 +188,9 @@ ENVIRONMENTS = {
             "tests/test_a_fourth_engine.py::test_the_docs_engine_table_has_its_column":
                 "MkDocs comes with the docs extra, which the Quickstart does not install",
             "tests/test_engine_interface.py::*[[]estimator[]]":
+                "tf.estimator ends with TensorFlow 2.15",
+            "tests/test_order_changes.py::"
+            "test_a_parameter_server_cluster_resumes_each_worker_at_a_fresh_epoch":
                 "tf.estimator ends with TensorFlow 2.15",
             "tests/test_error_causes.py::test_an_error_in_a_cluster_task_names_the_task*":
                 "the keras3 engine trains several processes on JAX only",

@@ -155,11 +155,11 @@ def expected_counts(steps, batches_per_step=1, examples=TRAIN, batch=BATCH):
     return full, min(examples, batches * batch)
 
 
-def check_once_per_epoch(seen, steps, batches_per_step=1):
+def check_once_per_epoch(seen, steps, batches_per_step=1, batch=BATCH):
     """Every id seen once per completed epoch, and the epoch under way's
     batches each once: counts are ``full`` or ``full + 1``, and exactly the
     served examples of the unfinished epoch have ``full + 1``."""
-    full, partial = expected_counts(steps, batches_per_step)
+    full, partial = expected_counts(steps, batches_per_step, batch=batch)
     assert set(np.unique(seen)) <= {full, full + 1}, np.bincount(seen)
     assert int(np.sum(seen == full + 1)) == partial, (np.bincount(seen), full, partial)
 

@@ -201,4 +201,5 @@ def test_a_stopped_cluster_sees_each_example_once_per_epoch(ids_data, tmp_path, 
             resume_support.check_shares_once_per_epoch(seen, steps, shares)
         except AssertionError as e:
             raise AssertionError(f"stopped at {stop}, after step {steps}: {e}") from e
-    assert "the input continues at its stopped epoch" in logs, (stop, logs[-3000:])
+    assert re.search(r"the input continues at epoch \d+, batch \d+ of 9 \(pipeline 0\); "
+                     r"epoch \d+, batch \d+ of 5 \(pipeline 1\)", logs), (stop, logs[-3000:])
