@@ -140,7 +140,10 @@ def _write_shard_job(args):
     return final_path, total, io.size(final_path)
 
 
-def _as_source(data):
+def as_source(data):
+    """``data`` as an example source: a dict of numpy arrays becomes an
+    :class:`ArraySource`; a source is returned as it is (UsageError when it
+    is neither)."""
     if isinstance(data, dict):
         return ArraySource(data)
     for attr in ("features", "read", "__len__"):
@@ -308,7 +311,7 @@ class _WritePlan:
         for split in splits:
             if not isinstance(split, str) or not SPLIT_RE.match(split):
                 raise UsageError(f"split name {split!r} must be letters, digits, '_' or '.'.")
-        self.sources = {split: _as_source(data) for split, data in splits.items()}
+        self.sources = {split: as_source(data) for split, data in splits.items()}
         self.schema = None
         for split, source in self.sources.items():
             if self.schema is None:

@@ -61,7 +61,9 @@ def prepare(name, data_dir, *, source_dir=None, shards=None, num_workers=1,
         raise DataError(f"--source-dir {source_dir} is not a directory.")
     # Downloads go to this user's private cache, never a shared folder.
     download_dir = idx.user_cache_dir("downloads", name)
-    splits = entry.splits(source_dir=source_dir, download_dir=download_dir)
+    # A dataset's splits may be dicts of arrays: counted as examples, not keys.
+    splits = {split: records.as_source(data) for split, data in
+              entry.splits(source_dir=source_dir, download_dir=download_dir).items()}
     if max_examples:
         if int(max_examples) < 1:
             raise UsageError(f"--max-examples must be a positive integer; given {max_examples}.")

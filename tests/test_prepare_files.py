@@ -372,3 +372,28 @@ def test_num_workers_write_the_same_shards(tmp_path, photos):
         if name.endswith(".tfrecord"):
             assert (tmp_path / "one" / name).read_bytes() == \
                 (tmp_path / "two" / name).read_bytes(), name
+
+
+def test_a_registered_dataset_of_arrays_gets_the_shards_asked_for(tmp_path):
+    """Splits given as dicts of arrays count their examples, not their
+    features, when the shard count is capped at the examples."""
+    from estimator_keras.manifest import load_manifest  # pylint: disable=import-outside-toplevel
+    from experiments import prepare as prepare_lib  # pylint: disable=import-outside-toplevel
+    from experiments import registry  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+
+    def splits(source_dir=None, download_dir=None):
+        del source_dir, download_dir
+        return {split: {"x": rng.standard_normal((n, 2)).astype(np.float32),
+                        "id": np.arange(n, dtype=np.int64),
+                        "label": rng.integers(0, 3, n).astype(np.int64)}
+                for split, n in (("train", 40), ("test", 12))}
+
+    name = "ek_arrays_of_three_features"
+    if name not in registry.dataset_names():
+        registry.register_dataset(name, "three features as arrays", splits)
+    out = prepare_lib.prepare(name, str(tmp_path), shards=8, progress=False)
+    found = load_manifest(out)
+    assert len(found.splits["train"].shards) == 8
+    assert len(found.splits["test"].shards) == 2
+    assert found.splits["train"].num_examples == 40
