@@ -12,8 +12,8 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import (engines, input_order, inputs, manifest, model_inputs, precision,
-                             records)
+from estimator_keras import (engines, input_order, inputs, losses, manifest, model_inputs,
+                             precision, records)
 from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
@@ -292,6 +292,7 @@ class RunContext:
         engines.check_model_keras(probe, engine_obj.name,
                                   source=f"experiment {config.name}'s model builder")
         check_inputs(probe, config, dataset_path)
+        losses.check_logits(probe, config.loss)
         slow = engines.setup_warning(engine_obj.name, backend, platform, probe, info.num_workers)
         if slow and info.is_chief:
             task_log(info, slow)
