@@ -56,9 +56,10 @@ def loss_class(name, losses_module):
 def keras_module(model):
     """The Keras package (``keras`` or ``tf_keras``) ``model`` was built with."""
     for cls in type(model).__mro__:
-        top = cls.__module__.split(".")[0]
-        if top in ("keras", "tf_keras"):
-            return importlib.import_module(top)
+        package = importlib.import_module(cls.__module__.split(".")[0])
+        # The first class from a Keras package: the user's own subclasses come first.
+        if hasattr(package, "losses") and hasattr(package, "Model"):
+            return package
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     return tf.keras

@@ -166,6 +166,7 @@ ENVIRONMENTS = {
             "test_prepare_files.py", "test_records.py", "test_reliability.py",
             "test_sources.py", "test_your_data.py", "test_engine_house.py",
             "test_a_fourth_engine.py", "test_exact_resume.py", "test_input_order.py",
+            "test_logits.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),
