@@ -134,6 +134,42 @@ def test_several_inputs_get_the_dict_unchanged():
     assert model_inputs.as_model_inputs(_two_inputs(), data) is data
 
 
+# ------------------------------------------------------------------ serving
+
+
+def _serving_functions(model, **options):
+    """The export's signatures of ``model``, by the exporter of its Keras."""
+    # pylint: disable=import-outside-toplevel
+    if hasattr(model, "input_names"):  # Keras 2; Keras 3 has no input names
+        from estimator_keras import export
+    else:
+        from estimator_keras.engines.keras3 import export
+    return export.serving_functions(model, **options)
+
+
+def test_the_signatures_take_the_feature_name_and_return_fixed_keys():
+    images = np.arange(2 * 16, dtype=np.float32).reshape(2, 4, 4, 1) / 32
+    unnamed = tf.keras.Input((4, 4, 1))
+    logits = tf.keras.Model(unnamed, layers.Dense(2)(layers.Flatten()(unnamed)))
+    raw = _serving_functions(logits, features={"pixels": "image"}, class_names=["a", "b"],
+                             output_activation="softmax")["serving_default"]
+    (taken,), _ = raw.get_concrete_function().structured_input_signature
+    assert list(taken) == ["pixels"] and taken["pixels"].name == "pixels", taken
+    out = raw({"pixels": tf.constant(images)})
+    assert sorted(out) == ["class_id", "class_name", "probabilities"]
+    # A logits model serves the softmax of its output.
+    np.testing.assert_allclose(out["probabilities"].numpy(),
+                               tf.nn.softmax(logits(images)).numpy(), atol=1e-6)
+    np.testing.assert_array_equal(out["class_id"].numpy(), out["probabilities"].numpy().argmax(1))
+    flat = layers.Flatten()
+    x = tf.keras.Input((4, 4, 1))
+    two = tf.keras.Model(x, [layers.Dense(2)(flat(x)), layers.Dense(3)(flat(x))])
+    out = _serving_functions(two, features={"image": "image"})["serving_default"](
+        {"image": tf.constant(images)})
+    assert {k: tuple(v.shape) for k, v in out.items()} == {"output_0": (2, 2),
+                                                         "output_1": (2, 3)}
+
+
 # ------------------------------------------------------------------ on every engine
 
 PLUGIN = textwrap.dedent('''
