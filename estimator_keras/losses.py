@@ -117,6 +117,15 @@ def output_activation(loss):
     return "softmax" if _squash(loss_name(loss)) in _SOFTMAX_LOSSES else "sigmoid"
 
 
+def _outputs(model):
+    """A model's output tensors; none for a model whose outputs exist only
+    once it is called (a subclassed model): there is no last layer to read."""
+    try:
+        return list(model.outputs or [])
+    except (AttributeError, ValueError):
+        return []
+
+
 def _output_layer(model):
     names = getattr(model, "output_names", None) or []
     if len(names) == 1:
@@ -141,7 +150,7 @@ def check_logits(model, loss):
     cls = loss_class(loss_name(loss), module.losses)
     if cls is None or "from_logits" not in [p.name for p in _parameters(cls)]:
         return
-    if from_logits(loss):
+    if from_logits(loss) or len(_outputs(model)) != 1:
         return
     layer = _output_layer(model)
     activation = getattr(layer, "activation", None)
