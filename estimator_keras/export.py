@@ -8,9 +8,12 @@ and writes:
   compile=False)`` loads it with no custom objects;
 - ``weights.h5``: the weights alone, for ``model.load_weights``;
 - ``saved_model/``: signatures ``serving_default`` (raw inputs keyed by the
-  model's input names) and ``serve_examples`` (serialized tf.train.Example
-  strings in the dataset's schema);
-- ``export.json``: the checkpoint, step, inputs and metrics it came from.
+  experiment's feature names) and ``serve_examples`` (serialized
+  tf.train.Example strings in the dataset's schema), both returning
+  ``probabilities``, ``class_id`` and ``class_name`` whatever the model's
+  layers are called (see :mod:`estimator_keras.signatures`);
+- ``export.json``: the checkpoint, step, the signatures' inputs and outputs,
+  and the metrics it came from.
 
 The export is built under a temporary name and swapped in with renames, so
 an interrupted export leaves the previous one intact.
@@ -34,7 +37,8 @@ import tensorflow as tf
 from estimator_keras import checkpoints, io
 from estimator_keras.errors import ModelDirError
 from estimator_keras.modeldir import pid_alive
-from estimator_keras.signatures import serving_signatures
+from estimator_keras.signatures import (serving_input_names, serving_output_names,
+                                        serving_signatures)
 
 logger = logging.getLogger(__name__)
 
@@ -46,18 +50,36 @@ CANDIDATE_DIR = "best-candidate"
 CANDIDATE_INFO = "candidate.json"
 
 
-def serving_functions(model, schema=None, features=None, class_names=None):
+def serving_functions(model, schema=None, features=None, class_names=None,
+                      output_activation=None):
     """The two SavedModel signatures of a Keras 2 model (see
     :func:`estimator_keras.signatures.serving_signatures`)."""
     specs = {name: tf.TensorSpec(shape=t.shape, dtype=t.dtype, name=name)
              for name, t in zip(model.input_names, model.inputs)}
     return serving_signatures(lambda inputs: model(inputs, training=False), specs,
-                              list(model.output_names), [t.shape for t in model.outputs],
-                              schema=schema, features=features, class_names=class_names)
+                              [t.shape for t in model.outputs], schema=schema,
+                              features=features, class_names=class_names,
+                              activation=output_activation)
+
+
+def serving_info(specs, output_shapes, *, schema=None, features=None, class_names=None,
+                 output_activation=None):
+    """What export.json says of the signatures: ``inputs`` (signature
+    input name -> shape without the batch axis, dtype), ``outputs`` (the keys
+    they return) and, for a logits model, ``output_activation`` (what the
+    signatures apply to the output of ``model.h5``'s ``predict``)."""
+    served = serving_input_names(specs, schema, features)
+    info = {"inputs": {served[n]: {"shape": list(s.shape)[1:], "dtype": s.dtype.name}
+                       for n, s in specs.items()},
+            "outputs": serving_output_names(output_shapes, class_names)}
+    if output_activation:
+        info["output_activation"] = output_activation
+    return info
 
 
 def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, features=None,
-                 export_dir=None, metadata=None, class_names=None, flat=False):
+                 export_dir=None, metadata=None, class_names=None, flat=False,
+                 output_activation=None):
     """Writes ``model.h5``, ``weights.h5``, ``saved_model/`` and ``export.json``.
 
     Args:
@@ -75,6 +97,9 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
       flat: the SavedModel at the root of ``export_dir`` (``saved_model.pb``,
         ``variables/``) instead of in ``saved_model/``: the layout Vertex AI's
         Model Registry imports from ``AIP_MODEL_DIR``.
+      output_activation: "softmax" or "sigmoid" for a model that outputs
+        logits (see :func:`estimator_keras.losses.output_activation`): the
+        signatures return its output with it applied.
 
     Returns:
       The export directory.
@@ -90,14 +115,17 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     def write(staging):
         # The SavedModel first: saving it flat wants the folder to itself.
         tf.saved_model.save(model, staging if flat else io.join(staging, "saved_model"),
-                            signatures=serving_functions(model, schema, features, class_names))
+                            signatures=serving_functions(model, schema, features, class_names,
+                                                         output_activation))
         model.save(io.join(staging, "model.h5"), save_format="h5",
                    include_optimizer=False)
         model.save_weights(io.join(staging, "weights.h5"))
+        specs = {n: tf.TensorSpec(t.shape, t.dtype) for n, t in zip(model.input_names,
+                                                                     model.inputs)}
         info = {"checkpoint": checkpoint, "global_step": step,
-                "inputs": {n: {"shape": list(t.shape)[1:], "dtype": t.dtype.name}
-                           for n, t in zip(model.input_names, model.inputs)},
-                "outputs": list(model.output_names),
+                **serving_info(specs, [t.shape for t in model.outputs], schema=schema,
+                               features=features, class_names=class_names,
+                               output_activation=output_activation),
                 "features": features, **(metadata or {})}
         if class_names:
             info["class_names"] = [str(n) for n in class_names]
@@ -165,7 +193,7 @@ def recover_export(export_dir):
 
 def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
                    higher_is_better=True, *, schema=None, features=None, log=None,
-                   class_names=None, exporter=None):
+                   class_names=None, exporter=None, output_activation=None):
     """Exports ``checkpoint`` to ``MODEL_DIR/best`` when its ``metric`` beats
     the one recorded there; returns the export dir, or None when not better.
     ``exporter`` writes it (default :func:`export_model`; the keras3 engine
@@ -187,7 +215,8 @@ def export_if_best(model_builder, model_dir, checkpoint, metrics, metric,
         return None
     _in_eager_thread(
         exporter or export_model, model_builder, model_dir, checkpoint=checkpoint, schema=schema,
-        features=features, export_dir=target, class_names=class_names, metadata={
+        features=features, export_dir=target, class_names=class_names,
+        output_activation=output_activation, metadata={
             "metrics": {k: float(v) for k, v in metrics.items()}, "best_metric": metric})
     (log or logger.info)(f"new best {metric} {value:.4f}: exported {target}")
     return target

@@ -114,8 +114,11 @@ class ExperimentConfig:
     """Training hyperparameters."""
     model: dict = dataclasses.field(default_factory=dict)
     """Model hyperparameters passed to the experiment's model builder."""
-    loss: str = "sparse_categorical_crossentropy"
-    """Keras loss name."""
+    loss: typing.Union[str, dict] = "sparse_categorical_crossentropy"
+    """Keras loss name, or a mapping of the name and the settings of Keras'
+    loss class: ``{"name": "sparse_categorical_crossentropy", "from_logits":
+    True}`` for a model whose last layer outputs logits (see
+    :mod:`estimator_keras.losses`)."""
     best_metric: str = "accuracy"
     """Eval metric that picks the best checkpoint and drives early stopping."""
     higher_is_better: bool = True

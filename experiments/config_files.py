@@ -82,7 +82,8 @@ def _typed(source, where, key, value, default, annotation=None):
     """``value`` checked against (or, for text, parsed to) the type of
     ``default``; a ConfigError names ``source`` (the file) and the key."""
     name = f"{where}.{key}" if where else key
-    if isinstance(value, str) and not (isinstance(default, str) or default is None):
+    texts = isinstance(default, str) or default is None or str in typing.get_args(annotation)
+    if isinstance(value, str) and not texts:
         return hparams.parse_value(name, value, default, source=source)
     if default is None or value is None:
         return value
@@ -106,7 +107,9 @@ def apply(config, sections, source="--config"):
     if sections.get("name") not in (None, config.name):
         raise ConfigError(f"{source} was written for experiment {sections['name']!r}, not "
                           f"{config.name!r}; change its name: or leave it out.")
-    replaced = {key: _typed(source, "", key, sections[key], getattr(config, key))
+    annotations = {f.name: f.type for f in dataclasses.fields(config)}
+    replaced = {key: _typed(source, "", key, sections[key], getattr(config, key),
+                            annotations[key])
                 for key in SCALARS if key in sections}
     for name, cls in SECTIONS.items():
         values = sections.get(name) or {}

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from estimator_keras import (engines, inputs, manifest, model_inputs, order_state, precision,
-                             records)
+from estimator_keras import (engines, inputs, losses, manifest, model_inputs, order_state,
+                             precision, records)
 from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
@@ -364,6 +364,7 @@ class RunContext:
         engines.check_model_keras(probe, engine_obj.name,
                                   source=f"experiment {config.name}'s model builder")
         check_inputs(probe, config, dataset_path)
+        losses.check_logits(probe, config.loss)
         slow = engines.setup_warning(engine_obj.name, backend, platform, probe, info.num_workers)
         if slow and info.is_chief:
             task_log(info, slow)

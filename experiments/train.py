@@ -23,7 +23,7 @@ import time
 import tensorflow as tf
 
 from estimator_keras import engines, export as export_lib, io, manifest, summaries
-from estimator_keras import tf_errors, verify
+from estimator_keras import losses, tf_errors, verify
 from estimator_keras.cloud import hypertune, trainjob_status
 from estimator_keras.engines import base
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
@@ -233,7 +233,8 @@ class Runner:
     def _best_options(self):
         ctx = self.ctx
         return dict(schema=ctx.schema, features=ctx.config.data.features, log=ctx.log,
-                    class_names=ctx.data.class_names)
+                    class_names=ctx.data.class_names,
+                    output_activation=losses.output_activation(ctx.config.loss))
 
     def _export_best(self):
         """``best/`` of the candidate a group's chief set aside (see _on_evaluation)."""
@@ -267,7 +268,8 @@ class Runner:
             ctx.build_model, ctx.model_dir, checkpoint=checkpoint, schema=ctx.schema,
             features=ctx.config.data.features, export_dir=ctx.export_dir,
             metadata=export_metadata(ctx.config, ctx.engine.name, ctx.dataset_path, metrics),
-            class_names=ctx.data.class_names, flat=ctx.flat_export)
+            class_names=ctx.data.class_names, flat=ctx.flat_export,
+            output_activation=losses.output_activation(ctx.config.loss))
 
     def _already_trained(self, latest):
         """A model dir already at --max-steps trains nothing: it reports the
@@ -396,7 +398,8 @@ def export(experiment, config, *, model_dir, data_dir=None, export_dir=None, for
         checkpoint=checkpoint, schema=schema, features=config.data.features,
         export_dir=export_dir,
         metadata=export_metadata(config, engine.written_by(checkpoint), dataset_path, known),
-        class_names=data.class_names if data is not None else None)
+        class_names=data.class_names if data is not None else None,
+        output_activation=losses.output_activation(config.loss))
     return written, True
 
 

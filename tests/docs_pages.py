@@ -192,3 +192,22 @@ def assert_shows(request, output):
         problem = mismatch(block.body, output, check_of(block).numbers_vary)
         assert problem is None, (f"{where(block)} is not what {target} printed: {problem}\n"
                                  f"real output:\n{output}")
+
+
+def readme_block(title):
+    """The body of the fenced block that opens with the line
+    ```python title="TITLE" in README.md or a page of docs/ (the first found)."""
+    opening = f'```python title="{title}"\n'
+    paths = [README_PATH] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
+                                             recursive=True))
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        start = text.find(opening)
+        if start >= 0:
+            start += len(opening)
+            end = text.find("\n```", start)
+            assert end > start, f"{path}: the block {title} is not closed"
+            return text[start:end + 1]
+    raise AssertionError(f'no block opening with ```python title="{title}" in README.md '
+                         f"or docs/ (docs/tutorials/ has the example module and predict.py)")

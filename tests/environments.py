@@ -170,7 +170,7 @@ ENVIRONMENTS = {
             "test_resume_random_layers.py", "test_first_hour.py",
             # Starts the py311 and keras envs' interpreters (tests/keras_envs.py).
             "test_optimizer_moves.py",
-            "test_order_changes.py",
+            "test_order_changes.py", "test_logits.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),

@@ -185,7 +185,8 @@ def test_a_plain_keras3_process_loads_the_export_of_a_trained_model(pair, tmp_pa
     info = json.loads((export / "export.json").read_text())
     assert info["global_step"] == 24 and info["backend"] == pair.split("-")[1]
     assert info["inputs"] == {"image": {"shape": [28, 28, 1], "dtype": "float32"}}
-    assert info["outputs"] == ["probabilities"] and info["metrics"] == {"accuracy": 0.5}
+    assert info["outputs"] == ["probabilities", "class_id", "class_name"]
+    assert info["metrics"] == {"accuracy": 0.5}
 
     loaded = json.loads(run(pair, _PLAIN_KERAS3,
                             tmp_path).splitlines()[-1])
@@ -194,7 +195,7 @@ def test_a_plain_keras3_process_loads_the_export_of_a_trained_model(pair, tmp_pa
     assert np.abs(np.array(loaded["model_keras"]) - preds).max() < 1e-5
     assert np.abs(np.array(loaded["model_h5"]) - preds).max() < 1e-5
     assert loaded["signatures"] == ["serve_examples", "serving_default"]
-    assert loaded["raw_keys"] == ["class_name", "probabilities"]
+    assert loaded["raw_keys"] == ["class_id", "class_name", "probabilities"]
     assert np.abs(np.array(loaded["raw"]) - preds).max() < 1e-5
     assert np.abs(np.array(loaded["examples"]) - preds).max() < 1e-5
     assert loaded["class_name"] == [f"class-{i}" for i in preds.argmax(axis=1)]

@@ -18,7 +18,8 @@ import tensorflow as tf
 from estimator_keras import engines, model_inputs, records
 from estimator_keras.errors import SchemaError
 from experiments import DataConfig, ExperimentConfig, context
-from support import KERAS3_BACKENDS, cli, child_env, export_model_file
+from docs_pages import readme_block
+from support import KERAS3_BACKENDS, cli, child_env, export_model_file, fresh_python
 
 layers = tf.keras.layers
 
@@ -133,6 +134,42 @@ def test_several_inputs_get_the_dict_unchanged():
     assert model_inputs.as_model_inputs(_two_inputs(), data) is data
 
 
+# ------------------------------------------------------------------ serving
+
+
+def _serving_functions(model, **options):
+    """The export's signatures of ``model``, by the exporter of its Keras."""
+    # pylint: disable=import-outside-toplevel
+    if hasattr(model, "input_names"):  # Keras 2; Keras 3 has no input names
+        from estimator_keras import export
+    else:
+        from estimator_keras.engines.keras3 import export
+    return export.serving_functions(model, **options)
+
+
+def test_the_signatures_take_the_feature_name_and_return_fixed_keys():
+    images = np.arange(2 * 16, dtype=np.float32).reshape(2, 4, 4, 1) / 32
+    unnamed = tf.keras.Input((4, 4, 1))
+    logits = tf.keras.Model(unnamed, layers.Dense(2)(layers.Flatten()(unnamed)))
+    raw = _serving_functions(logits, features={"pixels": "image"}, class_names=["a", "b"],
+                             output_activation="softmax")["serving_default"]
+    (taken,), _ = raw.get_concrete_function().structured_input_signature
+    assert list(taken) == ["pixels"] and taken["pixels"].name == "pixels", taken
+    out = raw({"pixels": tf.constant(images)})
+    assert sorted(out) == ["class_id", "class_name", "probabilities"]
+    # A logits model serves the softmax of its output.
+    np.testing.assert_allclose(out["probabilities"].numpy(),
+                               tf.nn.softmax(logits(images)).numpy(), atol=1e-6)
+    np.testing.assert_array_equal(out["class_id"].numpy(), out["probabilities"].numpy().argmax(1))
+    flat = layers.Flatten()
+    x = tf.keras.Input((4, 4, 1))
+    two = tf.keras.Model(x, [layers.Dense(2)(flat(x)), layers.Dense(3)(flat(x))])
+    out = _serving_functions(two, features={"image": "image"})["serving_default"](
+        {"image": tf.constant(images)})
+    assert {k: tuple(v.shape) for k, v in out.items()} == {"output_0": (2, 2),
+                                                         "output_1": (2, 3)}
+
+
 # ------------------------------------------------------------------ on every engine
 
 PLUGIN = textwrap.dedent('''
@@ -233,7 +270,44 @@ def test_a_plugin_sequential_model_trains_evaluates_and_exports(tmp_path, engine
     signature = tf.saved_model.load(str(tmp_path / "run" / "export" / "saved_model")
                                     ).signatures["serve_examples"]
     outputs = signature(examples=tf.constant(serialized))
-    probabilities = next(v for k, v in outputs.items() if k != "class_name").numpy()
+    assert sorted(outputs) == ["class_id", "class_name", "probabilities"], sorted(outputs)
+    probabilities = outputs["probabilities"].numpy()
     assert probabilities.shape == (len(labels), 2)
+    np.testing.assert_array_equal(outputs["class_id"].numpy(), probabilities.argmax(axis=-1))
     accuracy = float(np.mean(probabilities.argmax(axis=-1) == labels))
     assert abs(accuracy - float(final.group(1))) < 0.03, (accuracy, final.group(1))
+    # Exported again by `export`, in a process that numbers Keras' automatic
+    # names afresh: the signatures take the feature's name and return fixed
+    # keys in every export of the model.
+    rc, _, err = cli("--module", module, "export", "seq_blobs_cnn", "--model-dir",
+                     tmp_path / "run", "--export-dir", tmp_path / "run" / "again",
+                     "--data-dir", tmp_path / "data", timeout=300, env=env)
+    assert rc == 0, err[-3000:]
+    exports = [tmp_path / "run" / name for name in ("export", "best", "again")]
+    for export in exports:
+        raw = tf.saved_model.load(str(export / "saved_model")).signatures["serving_default"]
+        assert list(raw.structured_input_signature[1]) == ["image"], (export, raw)
+        assert sorted(raw.structured_outputs) == ["class_id", "class_name", "probabilities"]
+        info = json.loads((export / "export.json").read_text())
+        assert list(info["inputs"]) == ["image"], info
+        assert info["outputs"] == ["probabilities", "class_id", "class_name"], info
+    if engine != "keras3" or backend == "tensorflow":  # Keras 2's tf.keras reads Keras 2's h5
+        _run_the_tutorials_predict_py(tmp_path, exports[:2])
+
+
+def _run_the_tutorials_predict_py(tmp_path, exports):
+    """The tutorial's predict.py, as written, on each export, in a Python
+    without this package; a photo of the class "top", grey on white, larger
+    than the records' 8x8 images."""
+    photo = np.full((32, 32, 3), 20, np.uint8)
+    photo[:16] = 210
+    (tmp_path / "my_photo.jpg").write_bytes(tf.io.encode_jpeg(photo).numpy())
+    snippet = readme_block("predict.py") + readme_block("predict.py, continued")
+    script = "".join(snippet.replace('"runs/image_classifier/export"', repr(str(export)))
+                     for export in exports)
+    lines = fresh_python(script, tmp_path).splitlines()
+    assert len(lines) == 2 * len(exports), lines
+    for h5_line, served in zip(lines[::2], lines[1::2]):
+        # model.h5's class, then the SavedModel's, from the same model.
+        name = h5_line.split()[0]
+        assert name in ("top", "bottom") and served == f"[b'{name}']", lines

@@ -13,7 +13,6 @@ Sizes are chosen so that each claim is real and the file stays within a few
 minutes of CPU: 300 images per class at 28x28, a few hundred steps.
 """
 
-import glob
 import json
 import os
 import re
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 import yaml
 
-from docs_pages import assert_shows
+from docs_pages import assert_shows, readme_block
 from support import FASHION, ROOT, child_env, latest_step
 
 if os.path.isdir(FASHION):
@@ -32,7 +31,6 @@ if os.path.isdir(FASHION):
 else:
     user_data = None
 
-README = os.path.join(ROOT, "README.md")
 OUR_PACKAGES = ("estimator_keras", "experiments")
 # Fast enough for a test, and well past chance on every dataset below.
 CLASSIFIER = ("--hparams", "filters=16,learning_rate=0.003")
@@ -501,25 +499,6 @@ def test_fashion_mnist_cnn_trains_on_mnist(mnist_data, tmp_path):
 
 # ---------------------------------------------------------------------------
 # 6. The docs' example module and prediction snippet, as written
-
-
-def readme_block(title):
-    """The body of the fenced block that opens with the line
-    ```python title="TITLE" in README.md or a page of docs/ (the first found)."""
-    opening = f'```python title="{title}"\n'
-    paths = [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
-                                        recursive=True))
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        start = text.find(opening)
-        if start >= 0:
-            start += len(opening)
-            end = text.find("\n```", start)
-            assert end > start, f"{path}: the block {title} is not closed"
-            return text[start:end + 1]
-    raise AssertionError(f'no block opening with ```python title="{title}" in README.md '
-                         f"or docs/ (docs/tutorials/ has the example module and predict.py)")
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from estimator_keras.engines import base, model_dirs, optimizers
 from estimator_keras.engines.estimator import checkpoints as estimator_checkpoints
 from estimator_keras.engines.estimator import sums as estimator_sums
 from estimator_keras.errors import ModelDirError, UsageError
+from estimator_keras.losses import keras_loss
 
 logger = logging.getLogger(__name__)
 
@@ -430,7 +431,7 @@ def compile_for_estimator(plan):
     """The plan's model compiled with the legacy Keras optimizers."""
     model = plan.build_model()
     model.compile(optimizer=optimizers.legacy_optimizer(plan.optimizer, plan.learning_rate),
-                  loss=plan.loss, metrics=plan.metrics())
+                  loss=keras_loss(plan.loss, model), metrics=plan.metrics())
     return model
 
 

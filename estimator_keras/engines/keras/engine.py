@@ -44,7 +44,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_keras import checkpoints, engines, io, memory, model_inputs, summaries
+from estimator_keras import checkpoints, engines, io, losses, memory, model_inputs, summaries
 from estimator_keras.distribute import groups, preemption
 from estimator_keras.engines import base, model_dirs, optimizers
 from estimator_keras.errors import UsageError
@@ -462,7 +462,8 @@ def compile_for_keras(plan, steps_per_call=1):
     ``steps_per_call`` steps per call of its training function."""
     model = plan.build_model()
     model.compile(optimizer=optimizers.keras_optimizer(plan.optimizer, plan.learning_rate),
-                  loss=plan.loss, metrics=plan.metrics(), steps_per_execution=steps_per_call)
+                  loss=losses.keras_loss(plan.loss, model), metrics=plan.metrics(),
+                  steps_per_execution=steps_per_call)
     return model
 
 

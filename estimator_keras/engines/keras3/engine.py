@@ -55,7 +55,7 @@ import math
 import keras
 import numpy as np
 
-from estimator_keras import io, memory, summaries
+from estimator_keras import io, losses, memory, summaries
 from estimator_keras.distribute import preemption
 from estimator_keras.engines import base, optimizers
 from estimator_keras.engines.keras3 import checkpoints as ckpts
@@ -283,7 +283,8 @@ def compile_for_keras3(plan, steps_per_call=1):
             f"or with tf.keras without TF_USE_LEGACY_KERAS=1, or use --engine keras for "
             f"Keras 2 models.")
     model.compile(optimizer=optimizers.keras3_optimizer(plan.optimizer, plan.learning_rate),
-                  loss=plan.loss, metrics=plan.metrics(), steps_per_execution=steps_per_call)
+                  loss=losses.keras_loss(plan.loss, model), metrics=plan.metrics(),
+                  steps_per_execution=steps_per_call)
     return model
 
 

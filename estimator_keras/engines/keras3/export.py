@@ -13,11 +13,13 @@
   Keras 2 (``tf.keras`` 2.15, tf-keras 2.16+) loads with
   ``model.load_weights`` into the same builder's model, as Keras 3 does;
 - ``saved_model/`` (or the export's root when ``flat``): the signatures
-  ``serving_default`` (raw inputs keyed by the model's input names;
-  ``probabilities`` and, with class names, ``class_name``) and
-  ``serve_examples`` (serialized tf.train.Example strings), in plain
+  ``serving_default`` (raw inputs keyed by the experiment's feature names;
+  ``probabilities``, ``class_id`` and, with class names, ``class_name``,
+  whatever the model's layers are called: :mod:`estimator_keras.signatures`)
+  and ``serve_examples`` (serialized tf.train.Example strings), in plain
   TensorFlow ops;
-- ``export.json``: the checkpoint, step, inputs and metrics it came from.
+- ``export.json``: the checkpoint, step, the signatures' inputs and outputs,
+  and the metrics it came from.
 
 On the JAX backend the SavedModel is written by a child process on
 Keras 3's TensorFlow backend from the staged ``model.keras``: ``jax2tf``
@@ -69,7 +71,8 @@ SAVED_MODEL_TIMEOUT_SECS = 900
 
 
 def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, features=None,
-                 export_dir=None, metadata=None, class_names=None, flat=False):
+                 export_dir=None, metadata=None, class_names=None, flat=False,
+                 output_activation=None):
     """:func:`estimator_keras.export.export_model` for the keras3 engine:
     restores a keras3 checkpoint (``ckpt-<step>.weights.h5``, default the
     latest in ``model_dir``) into the builder's model and writes its export
@@ -86,11 +89,12 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     return write_export(model, export_dir or io.join(model_dir, export_lib.EXPORT_DIR),
                         step=keras3_checkpoints.step_of(checkpoint), checkpoint=checkpoint,
                         schema=schema, features=features, metadata=metadata,
-                        class_names=class_names, flat=flat)
+                        class_names=class_names, flat=flat,
+                        output_activation=output_activation)
 
 
 def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, features=None,
-                 metadata=None, class_names=None, flat=False):
+                 metadata=None, class_names=None, flat=False, output_activation=None):
     """Writes ``model.keras``, ``model.h5``, ``weights.h5``, the SavedModel and
     ``export.json`` of a Keras 3 model with its weights in place, staged and
     swapped in (see :func:`estimator_keras.export.write_staged`). Arguments
@@ -107,14 +111,16 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
         save_legacy_weights(model, io.join(staging, WEIGHTS_FILE))
         target = staging if flat else io.join(staging, SAVED_MODEL_DIR)
         if keras.backend.backend() == "tensorflow":
-            write_saved_model(model, target, schema, features, class_names)
+            write_saved_model(model, target, schema, features, class_names, output_activation)
         else:
             _saved_model_on_tensorflow(model_file, target, schema, features, class_names,
-                                       _custom_modules(model))
+                                       _custom_modules(model), output_activation)
         info = {"checkpoint": checkpoint, "global_step": step,
-                "inputs": {t.name: {"shape": list(t.shape)[1:], "dtype": str(t.dtype)}
-                           for t in model.inputs},
-                "outputs": output_names(model), "features": features,
+                **export_lib.serving_info(_input_specs(model), [t.shape for t in model.outputs],
+                                          schema=schema, features=features,
+                                          class_names=class_names,
+                                          output_activation=output_activation),
+                "features": features,
                 "keras": keras.__version__, "backend": keras.backend.backend(),
                 **(metadata or {})}
         if class_names:
@@ -191,31 +197,31 @@ def _set_name_list(node, key, names):
 # -- the SavedModel
 
 
-def output_names(model):
-    """The names of a Keras 3 model's outputs: a functional model's
-    ``output_names``; a Sequential has none, and its output is its last layer's."""
-    names = getattr(model, "output_names", None)
-    return list(names) if names else [model.layers[-1].name]
+def _input_specs(model):
+    """Model input name -> ``tf.TensorSpec`` of one batch."""
+    return {t.name: tf.TensorSpec(shape=t.shape, dtype=tf.as_dtype(str(t.dtype)), name=t.name)
+            for t in model.inputs}
 
 
-def serving_functions(model, schema=None, features=None, class_names=None):
+def serving_functions(model, schema=None, features=None, class_names=None,
+                      output_activation=None):
     """The signatures of today's exports as tf.functions over a Keras 3
     model on the TensorFlow backend (see
     :func:`estimator_keras.signatures.serving_signatures`)."""
-    specs = {t.name: tf.TensorSpec(shape=t.shape, dtype=tf.as_dtype(str(t.dtype)), name=t.name)
-             for t in model.inputs}
+    specs = _input_specs(model)
     input_names = [t.name for t in model.inputs]
 
     def call(inputs):
         values = [inputs[n] for n in input_names]
         return model(values[0] if len(values) == 1 else values, training=False)
 
-    return serving_signatures(call, specs, output_names(model),
-                              [t.shape for t in model.outputs], schema=schema,
-                              features=features, class_names=class_names, autograph=False)
+    return serving_signatures(call, specs, [t.shape for t in model.outputs], schema=schema,
+                              features=features, class_names=class_names,
+                              activation=output_activation, autograph=False)
 
 
-def write_saved_model(model, path, schema=None, features=None, class_names=None):
+def write_saved_model(model, path, schema=None, features=None, class_names=None,
+                      output_activation=None):
     """Writes the SavedModel of :func:`serving_functions` with Keras 3's
     ExportArchive (TensorFlow backend), which tracks the variables the
     signatures use."""
@@ -223,7 +229,8 @@ def write_saved_model(model, path, schema=None, features=None, class_names=None)
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    for name, function in serving_functions(model, schema, features, class_names).items():
+    for name, function in serving_functions(model, schema, features, class_names,
+                                            output_activation).items():
         function.get_concrete_function()
         archive.add_endpoint(name, function)
     archive.write_out(path, verbose=False)
@@ -261,13 +268,14 @@ def _all_layers(layer):
         yield from _all_layers(sub)
 
 
-def _saved_model_on_tensorflow(model_file, target, schema, features, class_names, modules):
+def _saved_model_on_tensorflow(model_file, target, schema, features, class_names, modules,
+                               output_activation=None):
     """Runs ``python -m estimator_keras.engines.keras3.export`` on Keras 3's TensorFlow
     backend to write the SavedModel of ``model_file``."""
     spec = {"model": model_file, "target": target, "features": features,
             "class_names": [str(n) for n in class_names] if class_names else None,
             "schema": schema_to_json(schema) if schema is not None else None,
-            "modules": modules}
+            "modules": modules, "output_activation": output_activation}
     # The folder that holds the package (io is one of its top-level modules).
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(io.__file__)))
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_USE_LEGACY_KERAS="0")
@@ -310,7 +318,7 @@ def _main(argv=None):
         schema = {name: FeatureSpec.from_json(name, obj) for name, obj in schema.items()}
     model = keras.saving.load_model(spec["model"], compile=False)
     write_saved_model(model, spec["target"], schema, spec.get("features"),
-                      spec.get("class_names"))
+                      spec.get("class_names"), spec.get("output_activation"))
 
 
 if __name__ == "__main__":
