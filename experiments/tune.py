@@ -9,11 +9,11 @@ evaluation it records is reported to the study; when the pruner
 checkpoint and is told pruned at that step (its evaluation at its last step
 is not judged: nothing is left to save). A trial is recorded by its exit: one
 that exits 0 after that SIGTERM had trained its last step and exported before
-the signal landed, and is told complete with its export's metric. A trial still running after
-``trial_timeout_s`` is ended the same way and told failed ("timeout"); SIGKILL
-follows the grace period (train's ``--preemption-grace`` and a margin), always
-by the PID the trial was started with, and a trial never outlives its
-``tune`` (it dies with it, ``PR_SET_PDEATHSIG``). A finished trial's metric
+the signal landed, and is told complete with its export's metric. A trial
+still running after ``trial_timeout_s`` is ended the same way and told failed
+("timeout"); SIGKILL follows the grace period (train's ``--preemption-grace``
+and a margin), always by the PID the trial was started with, and a trial never
+outlives its ``tune`` (it dies with it, ``PR_SET_PDEATHSIG``). A finished trial's metric
 is read from its ``export/export.json``, never from its log
 (``DIR/trial-N/train.log``).
 

@@ -110,6 +110,24 @@ def test_the_evaluation_at_the_last_step_is_not_judged(tmp_path, fake_python, mo
     assert all(_signals(t) == [] for t in result.trials)
 
 
+def test_the_last_step_is_the_one_every_trial_trains(tmp_path):
+    parser = argparse.ArgumentParser(prog="experiments")
+    tune_cmd.add_parser(parser.add_subparsers(dest="command"))
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: double, min: 0.0001, max: 0.1, scale: log}\n")
+
+    def config(*extra):
+        return tune_cmd.build_config(parser.parse_args(
+            ["tune", "fashion_mnist_mlp", "--space", str(space), "--model-dir",
+             str(tmp_path / "study"), *extra]))
+
+    # Given as tune's fixed hparams as well as by the flags.
+    by_hparams = config("--hparams", "max_steps=40,eval_every_steps=20")
+    assert (by_hparams.max_steps, by_hparams.first_eval_step) == (40, 20)
+    by_flags = config("--max-steps", "30", "--eval-every", "50")
+    assert (by_flags.max_steps, by_flags.first_eval_step) == (30, 30)
+
+
 # ------------------------------------------------------------- CMA-ES and QMC
 
 
@@ -204,7 +222,8 @@ def test_two_tune_commands_share_a_study_of_real_trials_on_postgresql(fashion_da
         # its queue (the rest TPE draws): later trials behind it are pruned.
         study, _ = tune.open_study(config)
         study.enqueue_trial({"learning_rate": 0.001})
-        logs = {w: open(tmp_path / ("%s.log" % w), "w") for w in "ab"}  # pylint: disable=consider-using-with
+        # pylint: disable-next=consider-using-with
+        logs = {w: open(tmp_path / ("%s.log" % w), "w") for w in "ab"}
         procs = {w: subprocess.Popen(
             [sys.executable, "-m", "experiments"]
             + _tune_args(space, tmp_path / w, url, fashion_data),
