@@ -46,6 +46,7 @@ ENVIRONMENTS = {
             "test_preemption_tasks.py", "test_reliability.py", "test_exact_resume.py",
             "test_input_order.py",
             "test_submit_flags.py", "test_tune.py", "test_tune_trials.py",
+            "test_tuning_table.py",
             "test_vector_data.py",
             "test_messages.py", "test_one_input_models.py", "test_exit.py",
             "test_engine_house.py", "test_a_fourth_engine.py", "test_tune_engines.py",
