@@ -260,14 +260,15 @@ def test_two_tune_commands_share_a_study_of_real_trials_on_postgresql(fashion_da
         with open(log, encoding="utf-8") as f:
             assert sum(line.startswith("$ ") for line in f) == 1, log
 
-    # Pruned trials: PRUNED in the study, stopped by the signal after their
-    # checkpoint (no export), before their last step.
+    # Pruned trials: PRUNED in the study, at the first evaluation (the next
+    # rung is the last step, which is not judged), stopped by the signal with
+    # a checkpoint and no export (the steps: where the signal landed).
     pruned = [t for t in counted if t.state.name == "PRUNED"]
     assert pruned, [(t.number, t.state.name, t.params) for t in counted]
     for t in pruned:
         assert t.user_attrs["status"] == "pruned" and t.user_attrs["pruned_at"] == 10, t
         assert t.user_attrs["message"].startswith("pruned at step 10"), t.user_attrs
-        assert 10 <= t.user_attrs["steps"] < 30
+        assert 10 <= t.user_attrs["steps"] <= 30
         assert not os.path.exists(os.path.join(t.user_attrs["model_dir"], "export"))
     # Complete ones: their export's metric.
     for t in counted:
