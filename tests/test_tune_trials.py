@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from estimator_keras.cloud import space as space_lib
+from estimator_keras.engines import model_dirs
 from estimator_keras.errors import ConfigError
 from experiments import search, tune, tune_cmd
 from support import ROOT, child_env
@@ -269,7 +270,12 @@ def test_two_tune_commands_share_a_study_of_real_trials_on_postgresql(fashion_da
         assert t.user_attrs["status"] == "pruned" and t.user_attrs["pruned_at"] == 10, t
         assert t.user_attrs["message"].startswith("pruned at step 10"), t.user_attrs
         assert 10 <= t.user_attrs["steps"] <= 30
-        assert not os.path.exists(os.path.join(t.user_attrs["model_dir"], "export"))
+        folder = t.user_attrs["model_dir"]
+        with open(os.path.join(folder, "evaluations.jsonl"), encoding="utf-8") as f:
+            last = json.loads(f.read().splitlines()[-1])
+        assert last.get("stopped") is True and last["step"] == t.user_attrs["steps"], last
+        assert model_dirs.any_checkpoint(folder)
+        assert not os.path.exists(os.path.join(folder, "export"))
     # Complete ones: their export's metric.
     for t in counted:
         if t.state.name == "COMPLETE":
