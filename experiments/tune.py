@@ -506,7 +506,12 @@ def open_study(config: StudyConfig):
     """(study, storage) of ``config``, created or loaded."""
     url = config.storage_url
     storage = studies.open_storage(url, config.heartbeat_s)
-    sampler = search.sampler(config.study.space, config.algorithm, config.seed,
+    seed = config.seed
+    if seed is None and config.algorithm == "qmc":
+        # The workers of a study draw from one QMC sequence only with one
+        # seed: without --seed, the study's name and definition give it.
+        seed = int(studies.digest({"name": config.name, **config.definition()}), 16) % 2 ** 32
+    sampler = search.sampler(config.study.space, config.algorithm, seed,
                              config.study.parallel_trials)
     pruner = search.pruner(config.pruner, config.first_eval_step, config.max_steps)
     with warnings.catch_warnings():

@@ -4,6 +4,7 @@ that two ``tune`` commands share on one PostgreSQL server, each trial a real
 ``train``."""
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -171,28 +172,45 @@ def test_cmaes_refuses_a_space_of_one_range(tmp_path):
         "QMCSampler"
 
 
+def _cells(trials):
+    """Which eighth of each range every trial's values fall in."""
+    return (sorted(math.floor(t.hparams["x"] * 8) for t in trials),
+            sorted(math.floor((math.log10(t.hparams["rate"]) + 3) / 6 * 8) for t in trials))
+
+
+QMC_SPACE = ("x: {type: double, min: 0.0, max: 1.0}\n"
+             "rate: {type: double, min: 0.001, max: 1000, scale: log}\n")
+
+
+def test_qmc_workers_without_a_seed_continue_one_sequence(tmp_path, fake_python):
+    # Two commands on one storage, neither seeded: the second continues the
+    # sequence the first began (each sampler a fresh one, as in another
+    # process), so the study's points still fill every eighth once.
+    storage = "sqlite:///%s" % (tmp_path / "shared.db")
+    first = _config(tmp_path, fake_python, QMC_SPACE, trials=4, algorithm="qmc", seed=None,
+                    storage=storage)
+    tune.run_study(first)
+    second = tune.run_study(dataclasses.replace(first, study=dataclasses.replace(
+        first.study, max_trials=9), model_dir=str(tmp_path / "second")))
+    drawn = sorted(second.trials, key=lambda t: t.trial)[1:]
+    assert len(drawn) == 8 and _cells(drawn) == (list(range(8)), list(range(8))), _cells(drawn)
+
+
 def test_qmc_draws_a_scrambled_sobol_sequence(tmp_path, fake_python):
     # The first 2**k points of a Sobol sequence, scrambled or not, put one
     # point in each of 2**k equal intervals of every coordinate; 8 random
     # draws in two coordinates would do so about once in 170,000 studies.
-    config = _config(tmp_path, fake_python,
-                     "x: {type: double, min: 0.0, max: 1.0}\n"
-                     "rate: {type: double, min: 0.001, max: 1000, scale: log}\n",
-                     trials=9, algorithm="qmc", seed=3)
-    result = tune.run_study(config)
+    result = tune.run_study(_config(tmp_path, fake_python, QMC_SPACE, trials=9,
+                                    algorithm="qmc", seed=3))
     assert [t.status for t in result.trials] == ["succeeded"] * 9
     # Optuna's QMCSampler learns the space from the first trial, drawn at
     # random; the sequence starts with the second.
     drawn = sorted(result.trials, key=lambda t: t.trial)[1:]
-    x_cells = sorted(math.floor(t.hparams["x"] * 8) for t in drawn)
-    rate_cells = sorted(math.floor((math.log10(t.hparams["rate"]) + 3) / 6 * 8) for t in drawn)
-    assert x_cells == list(range(8)) and rate_cells == list(range(8)), (x_cells, rate_cells)
+    assert _cells(drawn) == (list(range(8)), list(range(8))), _cells(drawn)
     # Another seed scrambles the sequence otherwise.
     (tmp_path / "other").mkdir()
-    other = tune.run_study(_config(tmp_path / "other", fake_python,
-                                   "x: {type: double, min: 0.0, max: 1.0}\n"
-                                   "rate: {type: double, min: 0.001, max: 1000, scale: log}\n",
-                                   trials=2, algorithm="qmc", seed=4))
+    other = tune.run_study(_config(tmp_path / "other", fake_python, QMC_SPACE, trials=2,
+                                   algorithm="qmc", seed=4))
     assert sorted(other.trials, key=lambda t: t.trial)[1].hparams != drawn[0].hparams
 
 
