@@ -119,8 +119,6 @@ def build_config(args):
     the experiment accepts)."""
     _, config = commands.train_config(args)
     fixed = hparams.parse_hparams(args.hparams)
-    # What every trial trains (tune's --hparams may set max_steps).
-    trained = hparams.with_overrides(config, fixed).train
     space = space_lib.load_space(args.space)
     space.check_hparams(lambda values: hparams.with_overrides(config, {**fixed, **values}))
     flagged = {field: "--" + flag.replace("_", "-")
@@ -159,8 +157,8 @@ def build_config(args):
         train_args=_train_args(args, data_dir), fixed_hparams=args.hparams.strip(),
         algorithm=args.algorithm, pruner=args.pruner, seed=args.seed, storage=args.storage,
         study_name=args.study_name, heartbeat_s=args.heartbeat,
-        max_steps=trained.max_steps,
-        first_eval_step=min(trained.eval_every_steps, trained.max_steps),
+        max_steps=config.train.max_steps,
+        first_eval_step=min(config.train.eval_every_steps, config.train.max_steps),
         plots=args.plots, trial_timeout_s=args.trial_timeout,
         grace_s=args.preemption_grace + PREEMPTION_MARGIN, retry_failed=args.retry_failed,
         prepare_command=prepare, track=track, register=args.register)
