@@ -16,7 +16,9 @@ categorical (words)        ``CategoricalDistribution(values)``
 A sampler that cannot search a kind of parameter is refused with the reason
 rather than left to fall back to random values without a word: CMA-ES and
 quasi-Monte Carlo sample only numeric ranges (Optuna hands categorical ones to
-an independent random sampler), and a grid needs finite values.
+an independent random sampler), CMA-ES needs two of them or more (one range
+has no covariance to learn, and Katib's CMA-ES refuses it), and a grid needs
+finite values.
 
 Optuna is an extra (``pip install -e '.[tune]'``); :func:`optuna` imports it
 or says how to install it.
@@ -86,6 +88,13 @@ def check_algorithm(space: space_lib.SearchSpace, algorithm: str) -> None:
                 f"which Optuna would draw at random beside it. Use --algorithm tpe (any "
                 f"parameters), or give {'it' if len(listed) == 1 else 'them'} as type: integer "
                 f"or double ranges.")
+        ranges = [p.name for p in space.parameters]
+        if algorithm == "cmaes" and len(ranges) < 2:
+            raise ConfigError(
+                f"{space.source}: CMA-ES needs two or more numeric ranges (double or integer) "
+                f"to adapt a covariance between them; the space has {len(ranges)}"
+                f"{': ' + ranges[0] if ranges else ''}. Use "
+                f"--algorithm tpe or qmc, or add a second range.")
 
 
 def derived_seed(seed: int, trials: int) -> int:

@@ -6,11 +6,14 @@ runs each as ``python -m experiments train NAME --model-dir DIR/trial-N
 group of its own, at most ``parallel`` at a time. While a trial trains, each
 evaluation it records is reported to the study; when the pruner
 (:func:`experiments.search.pruner`) says so, the trial gets SIGTERM, saves its
-checkpoint and is told pruned at that step. A trial still running after
-``trial_timeout_s`` is ended the same way and told failed ("timeout"); SIGKILL
-follows the grace period (train's ``--preemption-grace`` and a margin), always
-by the PID the trial was started with, and a trial never outlives its
-``tune`` (it dies with it, ``PR_SET_PDEATHSIG``). A finished trial's metric
+checkpoint and is told pruned at that step (its evaluation at its last step
+is not judged: nothing is left to save). A trial is recorded by its exit: one
+that exits 0 after that SIGTERM had trained its last step and exported before
+the signal landed, and is told complete with its export's metric. A trial
+still running after ``trial_timeout_s`` is ended the same way and told failed
+("timeout"); SIGKILL follows the grace period (train's ``--preemption-grace``
+and a margin), always by the PID the trial was started with, and a trial never
+outlives its ``tune`` (it dies with it, ``PR_SET_PDEATHSIG``). A finished trial's metric
 is read from its ``export/export.json``, never from its log
 (``DIR/trial-N/train.log``).
 
@@ -282,8 +285,11 @@ class _Runner:
             run.trial.report(evaluation.metrics[metric], evaluation.step)
             run.reported.add(evaluation.step)
             new = True
+        # The evaluation at the trial's last step leaves nothing to save:
+        # the pruner is not asked, and the trial ends by itself.
+        last = int(run.trial.params.get("max_steps", self.config.max_steps))
         if new and run.ending is None and self.config.pruner != "none" \
-                and run.trial.should_prune():
+                and max(run.reported) < last and run.trial.should_prune():
             run.pruned_at = max(run.reported)
             self._end(run, "pruned")
 
@@ -364,36 +370,54 @@ class _Runner:
                 % (number, wall))
             return
         self.finished_here.append(wall)
-        if run.ending == "pruned":
-            trained = _trained_steps(run.folder, run.pruned_at)
-            trial.set_user_attr("status", "pruned")
-            trial.set_user_attr("pruned_at", run.pruned_at)
-            trial.set_user_attr("steps", trained)
-            trial.set_user_attr("message", "pruned at step %d%s" % (
-                run.pruned_at, "" if trained == run.pruned_at
-                else " (its checkpoint: step %d)" % trained))
-            self.study.tell(trial, state=_state("PRUNED"))
+        # Recorded by its exit: a trial that exits 0 trained to its end and
+        # exported, even when the SIGTERM tune sent it (pruned, timed out)
+        # landed after its last step; any other exit of a trial tune ended is
+        # the stop tune asked for.
+        result, message = (_read_result(run.folder, self.config.study.metric)
+                           if code == 0 else (None, None))
+        if result is not None:
+            self._succeeded(trial, run, result)
+        elif run.ending == "pruned":
+            self._pruned(trial, run, code)
         elif run.ending == "timeout":
             trial.set_user_attr("status", "timeout")
             trial.set_user_attr("message", "ended after the %.0f s --trial-timeout"
                                 % self.config.trial_timeout_s)
             self.study.tell(trial, state=_state("FAIL"))
         elif code == 0:
-            result, message = _read_result(run.folder, self.config.study.metric)
-            if result is None:
-                self._fail(trial, message)
-            else:
-                value, steps, export_dir = result
-                if steps is not None and steps not in run.reported:
-                    trial.report(value, steps)
-                trial.set_user_attr("steps", steps)
-                trial.set_user_attr("export_dir", export_dir)
-                trial.set_user_attr("status", "succeeded")
-                self.study.tell(trial, value)
+            self._fail(trial, message)
         else:
             self._fail(trial, "exit %d: %s" % (code, _last_line(io.join(run.folder,
                                                                          TRIAL_LOG))))
         say(self._progress(row(self.study.trials[number], self.config.model_dir)))
+
+    def _succeeded(self, trial, run: "_Running", result) -> None:
+        value, steps, export_dir = result
+        if steps is not None and steps not in run.reported:
+            trial.report(value, steps)
+        trial.set_user_attr("steps", steps)
+        trial.set_user_attr("export_dir", export_dir)
+        trial.set_user_attr("status", "succeeded")
+        if run.ending is not None:
+            trial.set_user_attr("message", "finished and exported before the SIGTERM (%s) "
+                                "took effect" % ("pruned at step %d" % run.pruned_at
+                                                 if run.ending == "pruned" else run.ending))
+        self.study.tell(trial, value)
+
+    def _pruned(self, trial, run: "_Running", code: int) -> None:
+        trained = _trained_steps(run.folder, run.pruned_at)
+        trial.set_user_attr("status", "pruned")
+        trial.set_user_attr("pruned_at", run.pruned_at)
+        trial.set_user_attr("steps", trained)
+        notes = [] if trained == run.pruned_at else ["its checkpoint: step %d" % trained]
+        if code < 0:
+            notes.append("ended by signal %d" % -code)
+        elif code not in (0, Preempted.exit_code):
+            notes.append("exit %d: %s" % (code, _last_line(io.join(run.folder, TRIAL_LOG))))
+        trial.set_user_attr("message", "pruned at step %d%s" % (
+            run.pruned_at, " (%s)" % "; ".join(notes) if notes else ""))
+        self.study.tell(trial, state=_state("PRUNED"))
 
     def _fail(self, trial, message: str) -> None:
         trial.set_user_attr("status", "failed")
@@ -482,7 +506,12 @@ def open_study(config: StudyConfig):
     """(study, storage) of ``config``, created or loaded."""
     url = config.storage_url
     storage = studies.open_storage(url, config.heartbeat_s)
-    sampler = search.sampler(config.study.space, config.algorithm, config.seed,
+    seed = config.seed
+    if seed is None and config.algorithm == "qmc":
+        # The workers of a study draw from one QMC sequence only with one
+        # seed: without --seed, the study's name and definition give it.
+        seed = int(studies.digest({"name": config.name, **config.definition()}), 16) % 2 ** 32
+    sampler = search.sampler(config.study.space, config.algorithm, seed,
                              config.study.parallel_trials)
     pruner = search.pruner(config.pruner, config.first_eval_step, config.max_steps)
     with warnings.catch_warnings():

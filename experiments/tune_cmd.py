@@ -68,9 +68,9 @@ def add_parser(subparsers):
                              "for loss-like names, max otherwise")
     parser.add_argument("--algorithm", choices=search.ALGORITHMS,
                         default=search.DEFAULT_ALGORITHM,
-                        help="Optuna's sampler: tpe (default), cmaes and qmc (numeric ranges "
-                             "only), random, or grid (integer, discrete and categorical "
-                             "parameters only)")
+                        help="Optuna's sampler: tpe (default), cmaes (two or more numeric "
+                             "ranges), qmc (numeric ranges only), random, or grid (integer, "
+                             "discrete and categorical parameters only)")
     parser.add_argument("--pruner", choices=search.PRUNERS, default=search.DEFAULT_PRUNER,
                         help="stop trials that fall behind at an evaluation: median, "
                              "hyperband, asha (successive halving), or none (default)")

@@ -36,7 +36,8 @@ class StudyConfig:
         space's keys must not repeat them.
       algorithm: the sampler (:data:`experiments.search.ALGORITHMS`).
       pruner: :data:`experiments.search.PRUNERS`.
-      seed: seeds the sampler (None: Optuna's own, different in each worker).
+      seed: seeds the sampler (None: Optuna's own, different in each worker;
+        for qmc, one the study's name and definition give every worker).
       storage: the study's storage URL (None: ``model_dir/study.db``).
       study_name: the study's name in its storage (None: the experiment's).
       heartbeat_s: a database storage's heartbeat interval; a trial whose

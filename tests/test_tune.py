@@ -25,6 +25,7 @@ from estimator_keras.errors import CloudError, ConfigError, Preempted, UsageErro
 from experiments import submit as submit_cmd
 from experiments import tune, tune_cmd
 from support import ROOT, child_env, cli, sample_flag_value
+from tune_trainer import fake_python  # pylint: disable=unused-import
 
 ISSUE_SPACE = """\
 learning_rate: {type: double, min: 0.0001, max: 0.01, scale: log}
@@ -356,56 +357,6 @@ def test_hparams_summaries_read_back(tmp_path):
 
 
 # ------------------------------------------------------- local study: the rules
-
-
-FAKE_TRAIN = """\
-import json, os, signal, sys, time
-args = sys.argv[1:]
-model_dir = args[args.index("--model-dir") + 1]
-hp = dict(i.split("=", 1) for i in args[args.index("--hparams") + 1].split(",") if i)
-evals = args[args.index("--evaluations-file") + 1]
-os.makedirs(model_dir, exist_ok=True)
-with open(os.path.join(model_dir, "calls.txt"), "a") as f:
-    f.write("%d\\n" % os.getpid())
-mode = hp.get("mode", "ok")
-signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else
-              (lambda *a: sys.exit(75)))
-if mode == "fail":
-    sys.stderr.write("error: the stand-in trainer failed on purpose\\n")
-    sys.exit(1)
-if mode in ("hang", "stubborn"):
-    time.sleep(60)
-hold = os.environ.get("FAKE_HOLD")
-if hold and float(hp.get("x", 0)) >= 0.5:
-    deadline = time.time() + 30
-    while os.path.exists(hold) and time.time() < deadline:
-        time.sleep(0.05)
-x = float(hp.get("x", 0))
-# FAKE_EVALS: evaluations at steps 1..N, the metric x * step / N; a pruned
-# trial is told by SIGTERM between them.
-for step in range(1, int(os.environ.get("FAKE_EVALS", "0")) + 1):
-    with open(evals, "a") as f:
-        f.write(json.dumps({"step": step, "time": time.time(),
-                            "metrics": {"accuracy": x * step / 7.0}}) + "\\n")
-    time.sleep(float(os.environ.get("FAKE_EVAL_PAUSE", "0.3")))
-os.makedirs(os.path.join(model_dir, "export"), exist_ok=True)
-metrics = {"accuracy": x, "loss": 1.0, "global_step": 7}
-if mode == "nometric":
-    metrics.pop("accuracy")
-with open(os.path.join(model_dir, "export", "export.json"), "w") as f:
-    json.dump({"global_step": 7, "metrics": metrics}, f)
-"""
-
-
-@pytest.fixture
-def fake_python(tmp_path):
-    """An 'interpreter' that runs the stand-in trainer whatever module it is asked for."""
-    script = tmp_path / "fake_train.py"
-    script.write_text(FAKE_TRAIN)
-    wrapper = tmp_path / "fake-python"
-    wrapper.write_text("#!/bin/sh\nshift 2\nexec %s %s \"$@\"\n" % (sys.executable, script))
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 def _study_config(tmp_path, python, space_text, algorithm="grid", trials=None, parallel=2,
