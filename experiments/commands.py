@@ -177,6 +177,9 @@ def check_usage(args):
     start (an unknown experiment or hparam, a value of the wrong type, a
     --dataset that is not there): all TensorFlow-free, so that bad usage is
     answered before TensorFlow is imported."""
+    if io.is_remote(getattr(args, "config", None) or ""):
+        # Read through TensorFlow's file system: the command itself reads it.
+        return
     if args.command != "train":
         experiment_config(args)
         return

@@ -5,11 +5,13 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import signal
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -245,3 +247,30 @@ def session_hparams(paths):
                     found = metadata.parse_session_start_info_plugin_data(
                         value.metadata.plugin_data.content).hparams
     return found
+
+
+def signal_at_step(argv, step, sig, log_path, cwd=ROOT, env=None, timeout=240):
+    """Runs ``python -m experiments ARGV`` (its output to ``log_path``) until
+    it logs a progress line at or past ``step``, then sends it ``sig``: a real
+    signal at a step of the run's own choosing. Returns (exit status, the last
+    step logged). The child is killed by its process group if it outlives this."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "experiments", *map(str, argv)],
+                                cwd=str(cwd), env=env or child_env(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                text = pathlib.Path(log_path).read_text()
+                logged = [int(s) for s in re.findall(r"^step (\d+)/", text, re.M)]
+                if logged and max(logged) >= step:
+                    break
+                assert proc.poll() is None, text[-3000:]
+                assert time.monotonic() < deadline, text[-3000:]
+                time.sleep(0.002)
+            os.kill(proc.pid, sig)
+            return proc.wait(timeout=90), max(logged)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)

@@ -13,14 +13,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 import resume_support
 from plugin_support import plugin_env, run_cli
-from support import KERAS3_BACKENDS, ROOT, latest_checkpoint_weights
+from support import KERAS3_BACKENDS, ROOT, latest_checkpoint_weights, signal_at_step
 
 CASES = [pytest.param("estimator", None, id="estimator"),
          pytest.param("keras", None, id="keras")] + [
@@ -100,26 +99,8 @@ def _train_mlp(fashion_data, engine, backend, model_dir):
 def _stop_at(fashion_data, engine, backend, model_dir, step, sig, log_path):
     """Trains until a progress line at or past ``step``, then sends ``sig``;
     returns (exit status, the last step logged)."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "experiments",
-                                 *map(str, _mlp_flags(fashion_data, engine, model_dir))],
-                                cwd=ROOT, env=_env(engine, backend), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 240
-            while True:
-                logged = [int(s) for s in re.findall(r"^step (\d+)/", log_path.read_text(), re.M)]
-                if logged and max(logged) >= step:
-                    break
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-                time.sleep(0.005)
-            os.kill(proc.pid, sig)
-            return proc.wait(timeout=90), max(logged)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+    return signal_at_step(_mlp_flags(fashion_data, engine, model_dir), step, sig, log_path,
+                          env=_env(engine, backend))
 
 
 @pytest.fixture(scope="module")

@@ -16,15 +16,13 @@ import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 import resume_support
 from plugin_support import plugin_env, run_cli
+from support import signal_at_step
 from estimator_keras import engines, order_state, records
 from estimator_keras.inputs import make_dataset
 
@@ -170,25 +168,7 @@ def _stop(ids_data, model_dir, step, sig, extra, log_path):
     argv = ["--module", module, "train", resume_support.EXPERIMENT, "--engine", "keras3",
             "--model-dir", model_dir, "--data-dir", data_dir, "--max-steps", FINAL,
             "--hparams", hparams]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "experiments", *map(str, argv)],
-                                cwd=os.path.dirname(module), env=_env(), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 240
-            while True:
-                logged = [int(s) for s in re.findall(r"^step (\d+)/", log_path.read_text(), re.M)]
-                if logged and max(logged) >= step:
-                    break
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-                time.sleep(0.002)
-            os.kill(proc.pid, sig)
-            return proc.wait(timeout=90), max(logged)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+    return signal_at_step(argv, step, sig, log_path, cwd=os.path.dirname(module), env=_env())
 
 
 @pytest.mark.slow

@@ -13,16 +13,13 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 import docs_pages
-from support import (KERAS3_BACKENDS, ROOT, child_env, cli, keras3_installed,
-                     latest_checkpoint_weights)
+from support import (KERAS3_BACKENDS, child_env, cli, keras3_installed,
+                     latest_checkpoint_weights, signal_at_step)
 
 # Small filters: the default CNN's layers, Dropout included, at a fraction of its cost.
 CNN_HPARAMS = "filters=4,dense_units=16,log_every_steps=10"
@@ -47,25 +44,7 @@ def _env(backend):
 def _stop_at(args, env, step, log_path):
     """Trains until a progress line at or past ``step``, then sends SIGTERM;
     returns (exit status, the last step logged)."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "experiments", *map(str, args)], cwd=ROOT,
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            deadline = time.monotonic() + 240
-            while True:
-                logged = [int(s) for s in re.findall(r"^step (\d+)/", log_path.read_text(), re.M)]
-                if logged and max(logged) >= step:
-                    break
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-                time.sleep(0.005)
-            os.kill(proc.pid, signal.SIGTERM)
-            return proc.wait(timeout=90), max(logged)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+    return signal_at_step(args, step, signal.SIGTERM, log_path, env=env)
 
 
 @pytest.mark.slow

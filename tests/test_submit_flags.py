@@ -14,7 +14,7 @@ VERTEX = ["--project", "my-project-123", "--region", "us-central1", "--job-dir",
 # Values that submit accepts and that differ from train's defaults; any other
 # flag gets one made from its kind (_sample).
 KNOWN = {"--data-dir": "gs://my-bucket/data", "--config": "gs://my-bucket/config/c.yaml",
-         "--strategy": "mirrored", "--engine": "keras", "--hparams": "units=64",
+         "--strategy": "mirrored", "--engine": "keras", "--hparams": "dense_units=64",
          "--hypertune-metric": "accuracy", "--dataset": "fashion_mnist",
          "--track": "https://mlflow.example.com:5000", "--register": "fashion"}
 
