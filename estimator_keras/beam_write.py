@@ -181,7 +181,7 @@ def write_dataset(splits, output_dir, *, options, num_shards, compression=None, 
         created={"tool": "estimator-keras", "writer": "beam",
                  "runner": runner_name(options), "seed": seed, "shuffled": True,
                  "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                     timespec="seconds"),
+                     timespec="microseconds"),
                  **(created or {})},
         labels=labels)
     write_manifest(manifest)

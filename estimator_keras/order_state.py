@@ -118,18 +118,23 @@ class Settings:
 def fingerprint(resolved):
     """A short hash of the files a training input reads: each file's name,
     examples and bytes as the manifest records them (name and size on disk
-    without a manifest). Re-preparing with other shards, records or counts
-    changes it."""
-    counts = {}
+    without a manifest), and when the manifest was written. Re-preparing
+    (other shards, records or counts, or the same sizes with other records)
+    changes it; a copy of the dataset elsewhere does not."""
+    counts, made = {}, None
     if resolved.manifest is not None:
         for split in resolved.manifest.splits.values():
             for shard in split.shards:
                 counts[io.basename(shard.file)] = [shard.num_examples, shard.num_bytes]
+        # Fixed-size records (every built-in image) give a re-prepared split
+        # the same names, counts and bytes: the manifest's own making (its
+        # writer's time, to the microsecond) tells.
+        made = (resolved.manifest.created or {}).get("time")
     shards = []
     for path in resolved.files:
         name = io.basename(path)
         shards.append([name, *counts.get(name, [None, io.size(path)])])
-    digest = hashlib.sha256(json.dumps(shards, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps([shards, made], sort_keys=True).encode()).hexdigest()
     examples = sum(s[1] or 0 for s in shards)
     return f"{len(shards)} file(s), {examples:,} examples, sha256 {digest[:12]}"
 
@@ -177,13 +182,38 @@ def load(model_dir):
         return []
     try:
         obj = json.loads(io.read_text(where))
-        segments = [Segment(int(s["step"]), tuple(int(n) for n in s["starts"]),
-                            Settings.from_dict(s["settings"])) for s in obj["segments"]]
+        if obj.get("version") != VERSION:
+            raise ValueError(f"version {obj.get('version')!r}, where this package writes "
+                             f"{VERSION}")
+        segments = [_checked(Segment(s["step"], tuple(s["starts"]),
+                                     Settings.from_dict(s["settings"])))
+                    for s in obj["segments"]]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ModelDirError(
             f"{where} is not a valid record of the input order ({e}); move it aside to "
             f"resume at the position derived from the checkpoint's step.") from e
     return sorted(segments, key=lambda s: s.step)
+
+
+def _checked(segment):
+    """``segment`` when its numbers can place a batch; ValueError naming the
+    first that cannot (a hand-edited file)."""
+    def whole(value, what, least=0):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{what} is {value!r}, not a whole number >= {least}")
+    whole(segment.step, "a segment's step")
+    pipelines = segment.settings.pipelines
+    if not pipelines or len(segment.starts) != len(pipelines):
+        raise ValueError(f"the segment of step {segment.step} has {len(segment.starts)} "
+                         f"start(s) for {len(pipelines)} pipeline(s)")
+    for start in segment.starts:
+        whole(start, f"a start of the segment of step {segment.step}")
+    for pipeline in pipelines:
+        whole(pipeline.batches_per_epoch, "a pipeline's batches_per_epoch")
+        whole(pipeline.examples, "a pipeline's examples")
+    whole(segment.settings.batch_size, "batch_size", 1)
+    whole(segment.settings.batches_per_step, "batches_per_step", 1)
+    return segment
 
 
 def store(model_dir, segments):
@@ -328,6 +358,16 @@ def decide(model_dir, step, settings, restart=False, approximate=False):
         how, source = "continues", "stored"
     else:
         starts = (step * settings.batches_per_step,) * n
+        if restart and settings.counted():
+            # No stored order to compare with: what the step consumed under
+            # other settings is unknown, so a fresh order begins past it.
+            epoch = _next_epoch(settings, starts)
+            starts = tuple(epoch * p.batches_per_epoch for p in settings.pipelines)
+            return Decision(step, starts, "restarts", (
+                f"resuming at step {step}: the model dir stores no input order for this "
+                f"checkpoint, so whether its settings changed is unknown; {RESTART_FLAG}: the "
+                f"input starts a fresh order at epoch {epoch}, past every batch this step can "
+                f"have consumed at this run's batch size"), kept + [Segment(step, starts, settings)])
         segments_out = kept + [Segment(step, starts, settings)]
         how, source = "derived", "derived"
     if settings.seed is None:
@@ -340,8 +380,9 @@ def decide(model_dir, step, settings, restart=False, approximate=False):
     where = _where(settings, starts)
     if source == "derived":
         tail = (f"; the position is derived from the step and this run's settings: the model "
-                f"dir stores no input order for this checkpoint (it predates {FILE}), so a "
-                f"setting changed since is not detected")
+                f"dir stores no input order for this checkpoint (it was written before {FILE}, "
+                f"or the file was removed), so a setting changed since is not detected "
+                f"({RESTART_FLAG} starts a fresh order past it instead)")
     else:
         tail = f"; the position and settings are stored in {FILE}"
     if approximate:

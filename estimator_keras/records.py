@@ -286,7 +286,7 @@ def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed
         compression=compression, name=name or (old.name if old else ""),
         created={"tool": "estimator-keras", "seed": seed, "shuffled": bool(shuffle),
                  "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                     timespec="seconds"),
+                     timespec="microseconds"),
                  **(created or {})},
         labels=plan.labels)
     io.rmtree(staging)

@@ -148,7 +148,11 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
     names = set(feature_map(resolved.schema, data.features, data.label).values())
     cache, reason = inputs.cache_decision(shared, resolved, names | {data.label} - {None},
                                           pipelines)
-    stored = order_state.stored_cache(model_dir, start_step) if data.cache == "auto" else None
+    # A run with nothing left to train reads no order: evaluate and export
+    # need none, and an unreadable file must not stand in their way.
+    finished = train.max_steps is not None and start_step >= train.max_steps
+    stored = order_state.stored_cache(model_dir, start_step) \
+        if data.cache == "auto" and not finished else None
     if stored is not None:
         now = reason.split(": ", 1)[-1]
         reason = (f"cache=auto: {'caching' if stored else 'not caching'} the training input, as "
@@ -166,8 +170,8 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
         dataset=order_state.fingerprint(resolved))
     refusal = None
     try:
-        decision = order_state.decide(model_dir, start_step, settings, restart=restart,
-                                      approximate=skip_corrupt)
+        decision = order_state.decide(model_dir, 0 if finished else start_step, settings,
+                                      restart=restart, approximate=skip_corrupt)
     except order_state.OrderChangedError as e:
         refusal = e
         decision = order_state.Decision(start_step, (start_step * per_step,) * pipelines,

@@ -24,6 +24,7 @@ import resume_support
 from plugin_support import plugin_env, run_cli
 from support import signal_at_step
 from estimator_keras import engines, order_state, records
+from estimator_keras.errors import ModelDirError
 from estimator_keras.inputs import make_dataset
 
 ENV = {"TF_USE_LEGACY_KERAS": "0", "KERAS_BACKEND": "tensorflow"}
@@ -281,3 +282,81 @@ def test_a_parameter_server_cluster_resumes_each_worker_at_a_fresh_epoch(ids_dat
         assert "continues at" not in logs[40][task]
     stored = [(s.step, s.starts) for s in order_state.load(str(tmp_path / "model"))]
     assert stored == [(0, (0, 0)), (30, (2 * 9, 3 * 5))]
+
+
+def test_a_dataset_prepared_again_with_the_same_sizes_is_another_dataset(tmp_path):
+    """Fixed-size records give a re-prepared split the same shard names,
+    counts and bytes; other records in them are still another dataset."""
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((40, 3)).astype(np.float32),
+              "label": rng.integers(0, 4, 40)}
+    folder = str(tmp_path / "ds")
+    records.write_dataset({"train": arrays}, folder, num_shards=2, progress=False)
+    first = order_state.fingerprint(records.resolve(folder, "train"))
+    rotated = {k: np.roll(v, 7, axis=0) for k, v in arrays.items()}
+    records.write_dataset({"train": rotated}, folder, num_shards=2, progress=False)
+    again = records.resolve(folder, "train")
+    assert [s.num_bytes for s in again.manifest.splits["train"].shards] == \
+        [s.num_bytes for s in records.resolve(folder, "train").manifest.splits["train"].shards]
+    assert order_state.fingerprint(again) != first
+    # A copy elsewhere is the same dataset.
+    copy = str(tmp_path / "copy")
+    shutil.copytree(folder, copy)
+    assert order_state.fingerprint(records.resolve(copy, "train")) == \
+        order_state.fingerprint(again)
+
+
+def test_restart_order_without_a_stored_order_starts_past_the_step(tiny_dataset, tmp_path):
+    """A model dir with no input_order.json (written before it, or the file
+    removed): --restart-order cannot know what the step consumed under other
+    settings, so it starts a fresh order past it; without the flag the line
+    says the position is derived, never that it is stored."""
+    directory, _ = tiny_dataset(n=24, num_shards=2)
+    resolved = records.resolve(directory, "train")
+    settings = _settings(resolved, 1, 8, False)  # 3 batches an epoch
+    model_dir = str(tmp_path / "m")
+    restarted = order_state.decide(model_dir, 4, settings, restart=True)
+    assert restarted.how == "restarts" and restarted.starts == (6,)  # epoch 2 of 3 batches
+    assert "starts a fresh order at epoch 2" in restarted.message
+    assert "continues" not in restarted.message
+    derived = order_state.decide(model_dir, 4, settings)
+    assert derived.how == "derived" and "or the file was removed" in derived.message
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda o: o["segments"][0].update(starts=[]), "0 start(s) for 1 pipeline(s)"),
+    (lambda o: o["segments"][0].update(step=1.7), "step is 1.7"),
+    (lambda o: o["segments"][0].update(starts=[-5]), "is -5"),
+    (lambda o: o["segments"][0]["settings"]["pipelines"][0].update(batches_per_epoch=-1),
+     "batches_per_epoch is -1"),
+    (lambda o: o["segments"][0]["settings"].update(pipelines=[]), "for 0 pipeline(s)"),
+    (lambda o: o.update(version=99), "version 99"),
+])
+def test_a_hand_edited_order_file_is_refused_naming_what_is_wrong(tiny_dataset, tmp_path,
+                                                                  edit, says):
+    directory, _ = tiny_dataset(n=24, num_shards=2)
+    settings = _settings(records.resolve(directory, "train"), 1, 8, False)
+    model_dir = str(tmp_path / "m")
+    order_state.decide(model_dir, 0, settings).store(model_dir)
+    with open(order_state.path(model_dir), encoding="utf-8") as f:
+        obj = json.load(f)
+    edit(obj)
+    with open(order_state.path(model_dir), "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+    with pytest.raises(ModelDirError, match="is not a valid record of the input order") as e:
+        order_state.decide(model_dir, 4, settings)
+    assert says in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_finished_run_with_an_unreadable_order_file_still_reruns(ids_data, trained,
+                                                                   tmp_path):
+    """Nothing left to train needs no input order: a rerun at the run's own
+    --max-steps ends as a finished run does, whatever the file holds."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained, model_dir)
+    (model_dir / order_state.FILE).write_text('{"version": 1, "segm')
+    rc, err = _train(ids_data, model_dir, FIRST, check=False)
+    assert rc == 0, err[-3000:]
+    rc, err = _train(ids_data, model_dir, FIRST + 4, check=False)
+    assert rc != 0 and "is not a valid record of the input order" in err, err[-3000:]
