@@ -472,9 +472,10 @@ def test_rerun_with_other_model_settings_is_refused(tiny_run):
     with open(model_dir / "config.yaml", encoding="utf-8") as f:
         assert f.read() == before
 
-    # Training settings may change: more steps, another batch size and rate.
+    # Training settings may change: more steps, another batch size and rate
+    # (the batch size changes the input order: --restart-order starts a fresh one).
     out, _ = ok(cli(*args, "--hparams", "batch_size=4,learning_rate=0.001,dropout=0.2",
-                    "--max-steps", step + 2))
+                    "--max-steps", step + 2, "--restart-order"))
     assert latest_step(model_dir) == step + 2
     with open(model_dir / "config.yaml", encoding="utf-8") as f:
         after = yaml.safe_load(f)
