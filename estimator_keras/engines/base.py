@@ -239,7 +239,9 @@ class Engine(abc.ABC):
     def export(self, model_builder, model_dir, *, checkpoint, **options):
         """Writes the export of ``checkpoint`` and returns its folder.
         ``options`` are those of :func:`estimator_keras.export.export_model`
-        (schema, features, export_dir, metadata, class_names, flat)."""
+        (schema, features, export_dir, metadata, class_names, flat,
+        output_activation: the activation the serving signature applies to a
+        logits output, None when the model already outputs probabilities)."""
 
     @abc.abstractmethod
     def export_if_best(self, model_builder, model_dir, checkpoint, metrics, metric,

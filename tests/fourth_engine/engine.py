@@ -133,7 +133,8 @@ class FourthEngine(base.Engine):
             raise ModelDirError(f"{checkpoint} does not fit the model: {e}") from e
 
     def export(self, model_builder, model_dir, *, checkpoint, schema=None, features=None,
-               export_dir=None, metadata=None, class_names=None, flat=False):
+               export_dir=None, metadata=None, class_names=None, flat=False,
+               output_activation=None):
         del schema, features, flat  # no serving signatures: a test engine's own export
         checkpoint = checkpoint or self.require_checkpoint(model_dir)
         model, step = _restored_model(model_builder, checkpoint)
@@ -145,6 +146,8 @@ class FourthEngine(base.Engine):
                     **(metadata or {})}
             if class_names:
                 info["class_names"] = [str(n) for n in class_names]
+            if output_activation:
+                info["output_activation"] = output_activation
             io.atomic_write(io.join(staging, export_lib.EXPORT_INFO),
                             json.dumps(info, indent=2, default=str))
 
