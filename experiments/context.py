@@ -365,8 +365,9 @@ class RunContext:
         if config.train.precision != "float32":
             task_log(info, f"precision {policy} ({config.train.precision}: {policy_reason}); "
                            f"variables and exports stay float32")
-        engines.check_model_keras(probe, engine_obj.name,
-                                  source=f"experiment {config.name}'s model builder")
+        source = f"experiment {config.name}'s model builder"
+        engines.check_model_keras(probe, engine_obj.name, source=source)
+        engine_obj.check_model(probe, source)
         check_inputs(probe, config, dataset_path)
         losses.check_logits(probe, config.loss)
         slow = engines.setup_warning(engine_obj.name, backend, platform, probe, info.num_workers)

@@ -162,6 +162,21 @@ def die_with_parent(ignore=()):
     return preexec
 
 
+def die_with(parent_pid):
+    """Called first thing in a helper that its parent started with no
+    ``preexec_fn`` (a parent with threads, JAX's for one, must not run Python
+    between fork and exec): the kernel SIGKILLs this process when its parent
+    dies; a parent already gone ends it now. Best effort; nothing off Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        _libc_call("prctl", PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except OSError:
+        return
+    if os.getppid() != parent_pid:
+        os._exit(125)  # pylint: disable=protected-access  (no cleanup of a parent's helper)
+
+
 def _name_host_localhost():
     """Gives the task a host name of its own, "localhost": what binds to the
     address the host name resolves to (JAX's gloo collectives) must find it

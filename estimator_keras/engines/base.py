@@ -276,6 +276,11 @@ class Engine(abc.ABC):
         """Called on a non-chief training worker after it trained: removes
         what only that task wrote. The default removes nothing."""
 
+    def check_model(self, model, source):
+        """Raises ConfigError when this engine cannot train ``model`` as its
+        author wrote it (``source`` names what built it). The default
+        accepts every model of the engine's Keras."""
+
     def random_layers_restarted(self, model):
         """The names of ``model``'s random layers whose state this engine's
         checkpoints do not keep: after a resume their draws (dropout masks,

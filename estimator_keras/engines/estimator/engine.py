@@ -26,7 +26,7 @@ from estimator_keras import checkpoints, export, io, memory, model_inputs, summa
 from estimator_keras.engines import base, model_dirs, optimizers
 from estimator_keras.engines.estimator import checkpoints as estimator_checkpoints
 from estimator_keras.engines.estimator import sums as estimator_sums
-from estimator_keras.errors import ModelDirError, UsageError
+from estimator_keras.errors import ConfigError, ModelDirError, UsageError
 from estimator_keras.losses import keras_loss
 
 logger = logging.getLogger(__name__)
@@ -435,6 +435,10 @@ def compile_for_estimator(plan):
     return model
 
 
+# The steps of Model.fit and evaluate a model's class may override.
+FIT_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+
+
 class EstimatorEngine(base.TFCheckpointEngine):
     """:class:`~estimator_keras.engines.base.Engine` over ``model_to_estimator``."""
 
@@ -455,6 +459,22 @@ class EstimatorEngine(base.TFCheckpointEngine):
     def prepare(self, plan, is_chief):
         if not is_chief:
             _wait_for_warm_start(plan.model_dir, plan.hooks.log)
+
+    def check_model(self, model, source):
+        # model_to_estimator builds its own model_fn from the model's call,
+        # loss and optimizer: Model.fit's steps never run under it.
+        cls = type(model)
+        overridden = [name for name in FIT_STEPS
+                      if getattr(cls, name, None) is not getattr(tf.keras.Model, name, None)]
+        if overridden:
+            raise ConfigError(
+                f"{source} returned a {cls.__name__} model that overrides "
+                f"{', '.join(f'keras.Model.{name}' for name in overridden)}: the estimator "
+                f"engine trains with tf.estimator (model_to_estimator), which never calls "
+                f"{'it' if len(overridden) == 1 else 'them'}, so the model would train "
+                f"without {'it' if len(overridden) == 1 else 'them'}; train it with --engine "
+                f"keras or --engine keras3, whose Model.fit calls "
+                f"{'it' if len(overridden) == 1 else 'them'}.")
 
     def train(self, plan):
         model_dirs.check_can_continue(plan.model_dir, self.name)

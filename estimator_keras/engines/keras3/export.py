@@ -43,9 +43,9 @@ import logging
 import importlib
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
+import tempfile
 
 import h5py
 import numpy as np
@@ -104,17 +104,26 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
     compiled model's optimizer state into ``model.keras`` too."""
     import keras  # pylint: disable=import-outside-toplevel  (Keras 3 only here)
 
+    served = serving_model(model)
+
     def write(staging):
         model_file = io.join(staging, MODEL_FILE)
         model.save(model_file)
-        save_h5_model(model, io.join(staging, H5_MODEL_FILE))
+        save_h5_model(served, io.join(staging, H5_MODEL_FILE))
         save_legacy_weights(model, io.join(staging, WEIGHTS_FILE))
         target = staging if flat else io.join(staging, SAVED_MODEL_DIR)
         if keras.backend.backend() == "tensorflow":
-            write_saved_model(model, target, schema, features, class_names, output_activation)
-        else:
+            write_saved_model(served, target, schema, features, class_names, output_activation)
+        elif served is model:
             _saved_model_on_tensorflow(model_file, target, schema, features, class_names,
                                        _custom_modules(model), output_activation)
+        else:
+            with tempfile.TemporaryDirectory() as scratch:
+                served_file = os.path.join(scratch, MODEL_FILE)
+                served.save(served_file)
+                _saved_model_on_tensorflow(served_file, target, schema, features,
+                                           class_names, _custom_modules(served),
+                                           output_activation)
         info = {"checkpoint": checkpoint, "global_step": step,
                 **export_lib.serving_info(_input_specs(model), [t.shape for t in model.outputs],
                                           schema=schema, features=features,
@@ -129,6 +138,21 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
                         json.dumps(info, indent=2, default=str))
 
     return export_lib.write_staged(export_dir, write)
+
+
+def serving_model(model):
+    """The model whose files serve predictions: ``model`` itself, or, for a
+    functional model of the user's own ``keras.Model`` subclass (keras.io's
+    ``CustomModel`` overriding ``train_step``), a plain functional model of
+    the same layers. Prediction needs only the graph of layers, and the plain
+    model loads where the user's class cannot be imported (``predict.py``,
+    TensorFlow Serving, the SavedModel writer of a JAX run)."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    own_class = type(model).__module__.split(".")[0] != "keras"
+    if not own_class or not getattr(model, "inputs", None):
+        return model  # Keras' own classes, and subclassed models without a graph
+    return keras.Model(model.inputs, model.outputs, name=model.name)
 
 
 # -- model.h5 and weights.h5 in the legacy layouts
@@ -282,24 +306,30 @@ def _saved_model_on_tensorflow(model_file, target, schema, features, class_names
     # Where this process found the package and the model's own layers.
     env["PYTHONPATH"] = os.pathsep.join(
         [package_root] + [p for p in sys.path if p and os.path.isdir(p)])
+    spec["parent"] = os.getpid()
     try:
         # A SIGTERM or Ctrl-C sent to the whole process group must not kill
-        # the export half-way: this process saves its checkpoint once it
-        # returns (see distribute/preemption.py).
+        # the export half-way (this process saves its checkpoint once it
+        # returns, see distribute/preemption.py): the child has a session of
+        # its own, and dies with this process (see _main).
         proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], env=env,
                               capture_output=True, text=True, timeout=SAVED_MODEL_TIMEOUT_SECS,
-                              preexec_fn=netns.die_with_parent(
-                                  ignore=(signal.SIGINT, signal.SIGTERM)))
+                              start_new_session=True)
     except subprocess.TimeoutExpired as e:
         raise TensorFlowError(
             f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend did "
             f"not finish within {SAVED_MODEL_TIMEOUT_SECS} s.") from e
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
+        # Keras' errors may quote a whole model config on one line.
+        tail = "\n".join(_shortened(line) for line in proc.stderr.strip().splitlines()[-8:])
         raise TensorFlowError(
             f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend (the "
             f"{os.environ.get('KERAS_BACKEND')} backend's own export cannot be served by "
             f"this TensorFlow) failed with exit status {proc.returncode}:\n{tail}")
+
+
+def _shortened(line, limit=400):
+    return line if len(line) <= limit else f"{line[:limit]} ... ({len(line):,} characters)"
 
 
 def _main(argv=None):
@@ -309,6 +339,8 @@ def _main(argv=None):
     parser.add_argument("spec", help="JSON: model, target, schema, features, class_names, "
                                      "modules")
     spec = json.loads(parser.parse_args(argv).spec)
+    if spec.get("parent"):
+        netns.die_with(spec["parent"])
     import keras  # pylint: disable=import-outside-toplevel
 
     for name, path in spec.get("modules") or ():
