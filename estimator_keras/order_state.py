@@ -12,12 +12,17 @@ from each pipeline). A run stores its segment, written to a temporary name
 and renamed, before it trains a step under it, so the order of every
 checkpoint is on disk before the checkpoint is.
 
-A rerun (:func:`decide`) whose settings match its checkpoint's segment
-continues exactly; one whose settings differ is refused
+Settings that fix nothing (``shuffle_buffer`` without a shuffle,
+``cache_shuffle`` without a cache) are compared as absent. A rerun
+(:func:`decide`) whose settings match its checkpoint's segment continues
+exactly; one whose settings differ is refused
 (:class:`OrderChangedError`, exit 2, the model dir untouched) or, asked to
 (``restart``), starts a fresh order at the next epoch boundary in a new
 segment. A model dir of checkpoints older than this file resumes at the
 position derived from the step, as before, and gets its segment then.
+Each segment also stores the learning rate its steps train under (a
+resumed run says where its cosine decay's horizon moved); a rerun under
+another one stores a segment from its step, the order unchanged.
 
 Example::
 
@@ -34,6 +39,7 @@ import json
 import math
 
 from estimator_keras import input_order, io
+from estimator_keras.engines.optimizers import Schedule
 from estimator_keras.errors import ModelDirError, UsageError
 
 FILE = "input_order.json"
@@ -114,6 +120,17 @@ class Settings:
         """Whether every pipeline's batches per epoch are known."""
         return all(p.batches_per_epoch for p in self.pipelines)
 
+    def in_effect(self):
+        """These settings with those that fix nothing set to None:
+        ``shuffle_buffer`` without a shuffle, ``cache_shuffle`` without a
+        cache or a shuffle (``cache`` and ``cache_shuffle`` are stored
+        resolved, "auto" decided). Compared this way, a file stored with
+        their values reads as one without."""
+        shuffled = self.shuffle != "none"
+        return dataclasses.replace(
+            self, shuffle_buffer=self.shuffle_buffer if shuffled else None,
+            cache_shuffle=self.cache_shuffle if shuffled and self.cache else None)
+
 
 def fingerprint(resolved):
     """A short hash of the files a training input reads: each file's name,
@@ -156,19 +173,28 @@ def pipelines(resolved, num_pipelines, batch_size):
 @dataclasses.dataclass(frozen=True)
 class Segment:
     """The order from ``step`` on: ``starts[i]``, the batches pipeline ``i``
-    had consumed at ``step``, and the :class:`Settings`."""
+    had consumed at ``step``, and the :class:`Settings`; ``schedule``: the
+    learning rate the steps from ``step`` on train under (an
+    :class:`~estimator_keras.engines.optimizers.Schedule`; None in files
+    written before it was stored). It fixes no order: a resumed run whose
+    cosine decay ends elsewhere says so (:func:`~estimator_keras.engines.
+    optimizers.horizon_moved`), and stores its own from its step."""
 
     step: int
     starts: tuple
     settings: Settings
+    schedule: Schedule = None
 
     def consumed(self, index, step):
         """Batches pipeline ``index`` has consumed at ``step`` (synchronous runs)."""
         return self.starts[index] + (int(step) - self.step) * self.settings.batches_per_step
 
     def to_dict(self):
-        return {"step": self.step, "starts": list(self.starts),
-                "settings": self.settings.to_dict()}
+        out = {"step": self.step, "starts": list(self.starts),
+               "settings": self.settings.to_dict()}
+        if self.schedule is not None:
+            out["schedule"] = dataclasses.asdict(self.schedule)
+        return out
 
 
 def path(model_dir):
@@ -186,7 +212,8 @@ def load(model_dir):
             raise ValueError(f"version {obj.get('version')!r}, where this package writes "
                              f"{VERSION}")
         segments = [_checked(Segment(s["step"], tuple(s["starts"]),
-                                     Settings.from_dict(s["settings"])))
+                                     Settings.from_dict(s["settings"]),
+                                     Schedule(**s["schedule"]) if s.get("schedule") else None))
                     for s in obj["segments"]]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ModelDirError(
@@ -213,6 +240,15 @@ def _checked(segment):
         whole(pipeline.examples, "a pipeline's examples")
     whole(segment.settings.batch_size, "batch_size", 1)
     whole(segment.settings.batches_per_step, "batches_per_step", 1)
+    schedule = segment.schedule
+    if schedule is not None:
+        if schedule.max_steps is not None:
+            whole(schedule.max_steps, "a schedule's max_steps", 1)
+        if schedule.learning_rate is not None and (
+                isinstance(schedule.learning_rate, bool)
+                or not isinstance(schedule.learning_rate, (int, float))):
+            raise ValueError(f"a schedule's learning_rate is {schedule.learning_rate!r}, not a "
+                             f"number")
     return segment
 
 
@@ -238,6 +274,8 @@ class Decision:
         "approximate" (``--skip-corrupt``), "asynchronous" (ps workers).
       message: the log line of a resumed run (None for a fresh one).
       segments: the segments to store before training (None: as they are).
+      trained_schedule: the learning rate the checkpoint's last step
+        trained under, as stored (None: not stored, or a fresh run).
     """
 
     step: int
@@ -245,6 +283,7 @@ class Decision:
     how: str
     message: str = None
     segments: list = None
+    trained_schedule: Schedule = None
 
     def start_batch(self, index, step, batches_per_step):
         """Batches pipeline ``index`` has consumed at ``step`` (its input
@@ -258,7 +297,9 @@ class Decision:
 
 
 def _changes(stored, new):
-    """``(setting, stored, new)`` for each setting that fixes the order and differs."""
+    """``(setting, stored, new)`` for each setting that fixes the order and
+    differs, compared as in effect (:meth:`Settings.in_effect`)."""
+    stored, new = stored.in_effect(), new.in_effect()
     out = []
     for name, label in (("seed", "seed"), ("batch_size", "batch_size"),
                         ("global_batch_size", "global batch (batch_size x replicas)"),
@@ -278,8 +319,11 @@ def _changes(stored, new):
     if stored.cache != new.cache:
         out.append(("cache decision (data.cache)", stored.cache, new.cache))
     for name in SHUFFLE_FIELDS:
-        if getattr(stored, name) != getattr(new, name):
-            out.append((f"data.{name}", getattr(stored, name), getattr(new, name)))
+        old_value, new_value = getattr(stored, name), getattr(new, name)
+        # A setting in effect on one side only: the shuffle or cache change
+        # that turned it on or off is named already.
+        if old_value != new_value and None not in (old_value, new_value):
+            out.append((f"data.{name}", old_value, new_value))
     if stored.dataset != new.dataset:
         out.append(("dataset (the train split's shards)", stored.dataset, new.dataset))
     return out
@@ -317,19 +361,27 @@ def stored_cache(model_dir, step):
     return found[0].settings.cache if found else None
 
 
-def decide(model_dir, step, settings, restart=False, approximate=False):
+def decide(model_dir, step, settings, restart=False, approximate=False, schedule=None):
     """The :class:`Decision` of a run at checkpoint ``step`` (0: none) with
-    ``settings``; ``approximate``: records may be dropped (--skip-corrupt).
+    ``settings`` and learning rate ``schedule`` (stored with the order; None:
+    not stored); ``approximate``: records may be dropped (--skip-corrupt).
     Raises :class:`OrderChangedError` where the settings changed and
     ``restart`` is False."""
     step = int(step or 0)
     segments = load(model_dir) if step else []
     kept = [s for s in segments if s.step < step]
+    decision = _decide(model_dir, step, settings, restart, approximate, schedule, segments, kept)
+    # The segment the checkpoint's last step was trained in.
+    return dataclasses.replace(decision, trained_schedule=kept[-1].schedule if kept else None)
+
+
+def _decide(model_dir, step, settings, restart, approximate, schedule, segments, kept):
     n = len(settings.pipelines)
     if not step:
-        return Decision(0, (0,) * n, "fresh", segments=[Segment(0, (0,) * n, settings)])
+        return Decision(0, (0,) * n, "fresh",
+                        segments=[Segment(0, (0,) * n, settings, schedule)])
     if settings.asynchronous:
-        return _asynchronous(step, settings, kept)
+        return _asynchronous(step, settings, kept, schedule)
     found = _covering(segments, step)
     match = next((s for s in found if not _changes(s.settings, settings)), None)
     if match is None and found:
@@ -348,12 +400,15 @@ def decide(model_dir, step, settings, restart=False, approximate=False):
         return Decision(step, starts, "restarts", (
             f"resuming at step {step}: the input order's settings changed ({shown}); "
             f"{RESTART_FLAG}: the input starts a fresh order at {where}, not the stopped "
-            f"epoch's"), kept + [Segment(step, starts, settings)])
+            f"epoch's"), kept + [Segment(step, starts, settings, schedule)])
     if match is not None:
         starts = tuple(match.consumed(i, step) for i in range(n))
         # Segments past the checkpoint (or one of its step this run does not
         # match) describe steps no checkpoint holds any longer.
         wanted = kept + ([match] if match.step == step else [])
+        if schedule is not None and match.schedule != schedule:
+            # The steps from here train under this run's learning rate.
+            wanted = kept + [Segment(step, starts, settings, schedule)]
         segments_out = None if wanted == segments else wanted
         how, source = "continues", "stored"
     else:
@@ -367,8 +422,9 @@ def decide(model_dir, step, settings, restart=False, approximate=False):
                 f"resuming at step {step}: the model dir stores no input order for this "
                 f"checkpoint, so whether its settings changed is unknown; {RESTART_FLAG}: the "
                 f"input starts a fresh order at epoch {epoch}, past every batch this step can "
-                f"have consumed at this run's batch size"), kept + [Segment(step, starts, settings)])
-        segments_out = kept + [Segment(step, starts, settings)]
+                f"have consumed at this run's batch size"),
+                kept + [Segment(step, starts, settings, schedule)])
+        segments_out = kept + [Segment(step, starts, settings, schedule)]
         how, source = "derived", "derived"
     if settings.seed is None:
         return _new_order(step, settings, starts, segments_out,
@@ -401,7 +457,7 @@ def _new_order(step, settings, starts, segments_out, why):
                     f"resuming at step {step} {why}, not the stopped epoch's", segments_out)
 
 
-def _asynchronous(step, settings, kept):
+def _asynchronous(step, settings, kept, schedule):
     """Parameter-server workers: the global step counts every worker's
     steps, and no checkpoint says how many each took. Each starts a fresh
     epoch of its share, the one after an even share of the steps reaches,
@@ -419,7 +475,7 @@ def _asynchronous(step, settings, kept):
         f"pace and the checkpoint does not say how many each took, so each worker starts a "
         f"fresh epoch of its share ({where}: after an even share of {share} steps), skipping "
         f"nothing; the stopped epochs are not completed"),
-        kept + [Segment(step, starts, settings)])
+        kept + [Segment(step, starts, settings, schedule)])
 
 
 def _refusal(model_dir, step, stored, changed):

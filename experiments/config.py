@@ -75,7 +75,8 @@ class TrainConfig:
     learning_rate_decay: str = "constant"
     """"constant", or "cosine": from learning_rate down to a tenth of it at
     max_steps along a cosine of the global step (a resumed run continues
-    the curve; a larger max_steps stretches it)."""
+    the curve; a larger max_steps stretches it, which the resumed run logs
+    with the rate at its step before and after)."""
     early_stopping_steps: int = 0
     """Stop when the best metric has not improved for this many steps
     (0: off)."""

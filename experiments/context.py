@@ -171,7 +171,8 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
     refusal = None
     try:
         decision = order_state.decide(model_dir, 0 if finished else start_step, settings,
-                                      restart=restart, approximate=skip_corrupt)
+                                      restart=restart, approximate=skip_corrupt,
+                                      schedule=schedule(train))
     except order_state.OrderChangedError as e:
         refusal = e
         decision = order_state.Decision(start_step, (start_step * per_step,) * pipelines,
@@ -186,6 +187,12 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
         cache = bool(told[1])
         decision = dataclasses.replace(decision, starts=tuple(int(n) for n in told[2:]))
     return decision, refusal, ((cache, reason) if data.cache == "auto" else None)
+
+
+def schedule(train):
+    """The learning rate a run's steps train under (stored with its order)."""
+    return optimizers.Schedule.of(train.learning_rate, train.learning_rate_decay,
+                                  train.max_steps)
 
 
 # Where an experiment maps record features to its model's inputs.
@@ -407,12 +414,17 @@ class RunContext:
 
     def log_resume(self):
         """Refuses a rerun whose input order changed (before anything is
-        written), or logs one line: where its training input picks up."""
+        written), or logs where its training input picks up, and where its
+        cosine decay now ends if not where its checkpoint's did."""
         if not self.start_step or self.start_step >= self.config.train.max_steps:
             return
         self.check_order()
         if self.order is not None and self.order.message:
             self.log(self.order.message)
+        moved = optimizers.horizon_moved(self.order and self.order.trained_schedule,
+                                         schedule(self.config.train), self.start_step)
+        if moved:
+            self.log(moved)
 
     def check_order(self):
         """Raises the refusal of a rerun that would train on in a changed input order."""

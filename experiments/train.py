@@ -97,7 +97,6 @@ class Runner:
         with ModelDirLock(ctx.model_dir):
             export_lib.recover_export(self._export_dir())
             latest = self._check_checkpoint()
-            config_files.write(ctx.model_dir, ctx.config, ctx.dataset_path, ctx.data)
             if ctx.group.chief_work_stalls_others:
                 self.best = export_lib.BestCandidate(ctx.model_dir, ctx.config.best_metric,
                                                      ctx.config.higher_is_better)
@@ -107,6 +106,9 @@ class Runner:
                 metrics, export_dir = self._already_trained(latest)
                 tracked.repair(ctx, ctx.tracking_uri, export_dir, ctx.register)
                 return metrics, export_dir
+            # Only a run that trains: config.yaml describes what trained the
+            # checkpoints, and one that trains none leaves it as it is.
+            config_files.write(ctx.model_dir, ctx.config, ctx.dataset_path, ctx.data)
             ctx.store_order()
             self.tracking = tracked.start(ctx, ctx.tracking_uri, ctx.register)
             with self.tracking or contextlib.nullcontext():

@@ -56,3 +56,20 @@ def test_both_engines_optimizers_follow_the_schedule():
     if engines.estimator_available():
         legacy = optimizers.legacy_optimizer("adam", schedule)
         assert legacy.get_config()["learning_rate"]["config"]["decay_steps"] == 300
+
+
+def test_a_moved_cosine_horizon_is_said_with_the_rate_under_each():
+    """Only a cosine decay whose end moved: a constant rate has no horizon."""
+    trained = optimizers.Schedule.of(0.002, "cosine", 200)
+    assert trained == optimizers.Schedule("cosine", 0.002, 200)
+    assert optimizers.Schedule.of(0.002, "constant", 200).max_steps is None
+    assert trained.rate(200) == pytest.approx(0.0002)
+    line = optimizers.horizon_moved(trained, optimizers.Schedule.of(0.002, "cosine", 400), 200)
+    assert line.startswith("learning rate: cosine decay now ends at step 400 (was 200): the "
+                           "rate at step 200 goes from 0.0002 to 0.0011"), line
+    for now in (trained, optimizers.Schedule.of(0.002, "constant", 400)):
+        assert optimizers.horizon_moved(trained, now, 200) is None
+    constant = optimizers.Schedule.of(0.002, "constant", 200)
+    assert optimizers.horizon_moved(constant, optimizers.Schedule.of(0.002, "constant", 400),
+                                    200) is None
+    assert optimizers.horizon_moved(None, trained, 100) is None  # not stored: nothing said

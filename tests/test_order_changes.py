@@ -9,6 +9,7 @@ model of tests/resume_support.py: the model's own count of each example says
 what training consumed. The order bookkeeping is the runner's, the same for
 every engine; tests/test_exact_resume.py runs the stored order on each."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ import resume_support
 from plugin_support import plugin_env, run_cli
 from support import signal_at_step
 from estimator_keras import engines, order_state, records
+from estimator_keras.engines import optimizers
 from estimator_keras.errors import ModelDirError
 from estimator_keras.inputs import make_dataset
 
@@ -331,6 +333,10 @@ def test_restart_order_without_a_stored_order_starts_past_the_step(tiny_dataset,
      "batches_per_epoch is -1"),
     (lambda o: o["segments"][0]["settings"].update(pipelines=[]), "for 0 pipeline(s)"),
     (lambda o: o.update(version=99), "version 99"),
+    (lambda o: o["segments"][0].update(schedule={"decay": "cosine", "learning_rate": 0.1,
+                                                 "max_steps": 0}), "max_steps is 0"),
+    (lambda o: o["segments"][0].update(schedule={"decay": "cosine", "learning_rate": "fast",
+                                                 "max_steps": 9}), "learning_rate is 'fast'"),
 ])
 def test_a_hand_edited_order_file_is_refused_naming_what_is_wrong(tiny_dataset, tmp_path,
                                                                   edit, says):
@@ -360,3 +366,110 @@ def test_a_finished_run_with_an_unreadable_order_file_still_reruns(ids_data, tra
     assert rc == 0, err[-3000:]
     rc, err = _train(ids_data, model_dir, FIRST + 4, check=False)
     assert rc != 0 and "is not a valid record of the input order" in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_rerun_that_trains_nothing_leaves_config_yaml_as_it_was(ids_data, trained, tmp_path):
+    """config.yaml describes what trained the checkpoints: a rerun already
+    at --max-steps with other settings trains no step and rewrites nothing."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained, model_dir)
+    before = (model_dir / "config.yaml").read_bytes()
+    for extra in (["--hparams", "batch_size=64"], ["--hparams", "seed=7"]):
+        _, err = _train(ids_data, model_dir, FIRST, *extra)
+        assert f"is already at step {FIRST} (--max-steps {FIRST}): nothing to train" in err, \
+            err[-3000:]
+        assert (model_dir / "config.yaml").read_bytes() == before, extra
+
+
+# (case, the first run's hparams, the rerun's: only a setting that changes no order)
+IRRELEVANT = [
+    ("shuffle_buffer without a shuffle", "cache=false,shuffle=none,shuffle_buffer=32",
+     "cache=false,shuffle=none,shuffle_buffer=8"),
+    ("cache_shuffle without a cache", "cache=false,cache_shuffle=auto",
+     "cache=false,cache_shuffle=batches"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,first,rerun", IRRELEVANT, ids=[c[0] for c in IRRELEVANT])
+def test_a_setting_not_in_effect_changes_no_order_and_the_run_continues(ids_data, tmp_path,
+                                                                         case, first, rerun):
+    model_dir = tmp_path / "model"
+    _train(ids_data, model_dir, FIRST, "--hparams", first)
+    rc, err = _train(ids_data, model_dir, FIRST + 5, "--hparams", rerun, check=False)
+    assert rc == 0, (case, err[-3000:])
+    assert "resuming at step 20: the input continues at epoch 1, batch 7 of 13 (seed 42)" in err, \
+        err[-3000:]
+    assert "cosine decay" not in err  # a constant rate has no horizon to move
+    resume_support.check_once_per_epoch(resume_support.counts(model_dir), FIRST + 5)
+
+
+def test_settings_are_compared_only_where_in_effect(tiny_dataset, tmp_path):
+    """shuffle_buffer without a shuffle and cache_shuffle without a cache
+    fix nothing: a change of either continues; in effect, it is refused.
+    An order file written before the schedule was stored still decides."""
+    directory, _ = tiny_dataset(n=24, num_shards=2)
+    base = _settings(records.resolve(directory, "train"), 1, 8, False)
+    cases = [
+        (dict(shuffle="none", shuffle_buffer=4), dict(shuffle="none", shuffle_buffer=99), None),
+        (dict(cache_shuffle="records"), dict(cache_shuffle="batches"), None),
+        (dict(cache=True, cache_shuffle="records"), dict(cache=True, cache_shuffle="batches"),
+         "data.cache_shuffle: stored 'records', now 'batches'"),
+        (dict(shuffle_buffer=4), dict(shuffle_buffer=99), "data.shuffle_buffer: stored 4, now 99"),
+    ]
+    for index, (old, new, refused) in enumerate(cases):
+        model_dir = str(tmp_path / str(index))
+        order_state.decide(model_dir, 0, dataclasses.replace(base, **old)).store(model_dir)
+        # As the files before the stored schedule: no "schedule" key.
+        with open(order_state.path(model_dir), encoding="utf-8") as f:
+            obj = json.load(f)
+        for segment in obj["segments"]:
+            segment.pop("schedule", None)
+        with open(order_state.path(model_dir), "w", encoding="utf-8") as f:
+            json.dump(obj, f)
+        if refused:
+            with pytest.raises(order_state.OrderChangedError, match=re.escape(refused)):
+                order_state.decide(model_dir, 4, dataclasses.replace(base, **new))
+        else:
+            decision = order_state.decide(model_dir, 4, dataclasses.replace(base, **new))
+            assert decision.how == "continues" and decision.starts == (4,), (old, new)
+
+
+@pytest.mark.slow
+def test_a_moved_cosine_horizon_is_said_at_the_resume(ids_data, tmp_path):
+    """Raising --max-steps under a cosine decay stretches it: the rerun says
+    where the decay now ends and the rate at its step before and after;
+    the new horizon is stored, so the next rerun compares with it."""
+    model_dir = tmp_path / "model"
+    cosine = ["--hparams", "learning_rate_decay=cosine"]
+    _, err = _train(ids_data, model_dir, FIRST, *cosine)
+    assert "cosine decay now ends" not in err
+    _, err = _train(ids_data, model_dir, 40, *cosine)
+    # lr 0.05 (the experiment's): at step 20 a tenth under 20 steps, 0.05 * 0.55 under 40.
+    assert ("learning rate: cosine decay now ends at step 40 (was 20): the rate at step 20 "
+            "goes from 0.005 to 0.0275") in err, err[-3000:]
+    assert "the input continues at epoch 1, batch 7 of 13 (seed 42)" in err, err[-3000:]
+    _, err = _train(ids_data, model_dir, 50, *cosine)
+    assert ("learning rate: cosine decay now ends at step 50 (was 40): the rate at step 40 "
+            "goes from 0.005 to 0.009297") in err, err[-3000:]
+    assert "(was 20)" not in err
+
+
+def test_the_schedule_is_stored_from_the_step_it_changes_at(tiny_dataset, tmp_path):
+    """The order is the same; the segment from the resume step holds the new
+    learning rate, and the decision names the one the checkpoint trained under."""
+    directory, _ = tiny_dataset(n=24, num_shards=2)
+    settings = _settings(records.resolve(directory, "train"), 1, 8, False)
+    short, long = (optimizers.Schedule.of(0.01, "cosine", n) for n in (6, 12))
+    model_dir = str(tmp_path / "m")
+    order_state.decide(model_dir, 0, settings, schedule=short).store(model_dir)
+    same = order_state.decide(model_dir, 4, settings, schedule=short)
+    assert same.trained_schedule == short and same.segments is None
+    moved = order_state.decide(model_dir, 6, settings, schedule=long)
+    assert moved.how == "continues" and moved.starts == (6,) and moved.trained_schedule == short
+    moved.store(model_dir)
+    assert [(s.step, s.starts, s.schedule) for s in order_state.load(model_dir)] == \
+        [(0, (0,), short), (6, (6,), long)]
+    later = order_state.decide(model_dir, 9, settings, schedule=long)
+    assert later.trained_schedule == long and later.starts == (9,) and later.segments is None

@@ -7,6 +7,7 @@ name and learning rate, which gives the legacy class too
 exports are the same either way.
 """
 
+import dataclasses
 import inspect
 
 import tensorflow as tf
@@ -33,6 +34,42 @@ def learning_rate(peak, decay="constant", total_steps=None):
             initial_learning_rate=peak, decay_steps=max(1, int(total_steps)), alpha=0.1)
     raise ConfigError(f"unknown learning_rate_decay {decay!r}; expected one of "
                       f"{', '.join(LEARNING_RATE_DECAYS)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The learning rate steps train under, as a resumed run compares it with
+    its checkpoint's: the decay, its peak and its horizon (``max_steps``,
+    None for a constant rate, which has none)."""
+
+    decay: str
+    learning_rate: float
+    max_steps: int = None
+
+    @classmethod
+    def of(cls, peak, decay="constant", total_steps=None):
+        """The schedule :func:`learning_rate` makes of the same arguments."""
+        return cls(decay, None if peak is None else float(peak),
+                   int(total_steps) if decay == "cosine" and total_steps is not None else None)
+
+    def rate(self, step):
+        """The learning rate at ``step``."""
+        value = learning_rate(self.learning_rate, self.decay, self.max_steps)
+        return float(value(step)) if callable(value) else float(value)
+
+
+def horizon_moved(trained, now, step):
+    """The line a run resumed at ``step`` logs where its cosine decay ends at
+    another step than the one its checkpoint was trained under (``trained``,
+    ``now``: :class:`Schedule`); None otherwise. The decay follows
+    --max-steps: raising it stretches the cosine, so the rate jumps at the
+    resume; a deliberate choice, said rather than refused."""
+    if (trained is None or now is None or trained.decay != "cosine" or now.decay != "cosine"
+            or trained.max_steps == now.max_steps):
+        return None
+    return (f"learning rate: cosine decay now ends at step {now.max_steps} (was "
+            f"{trained.max_steps}): the rate at step {step} goes from {trained.rate(step):.4g} "
+            f"to {now.rate(step):.4g} (the decay follows --max-steps)")
 
 
 def _check_name(name):
