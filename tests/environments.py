@@ -27,6 +27,11 @@ Environment = collections.namedtuple("Environment",
 # with or without their parameters, fnmatch patterns) this one runs of it: those that need what only this
 # environment has. The rest is deselected here.
 
+# The gallery's cases of one Keras: the keras engine's refusal of Keras 3
+# models needs tf-keras beside Keras 3 (the keras env).
+_GALLERY_ON_ONE_KERAS = ("test_a_keras_io_model_trains_evaluates_exports_and_predicts",
+                         "test_the_module_lists_the_four_models")
+
 ENVIRONMENTS = {
     "py311": Environment(
         "Python 3.11, TensorFlow 2.15 with tf.estimator and its own Keras 2: the estimator "
@@ -57,7 +62,7 @@ ENVIRONMENTS = {
             "test_trainjob.py",
             # Apache Beam installs here without moving TensorFlow, protobuf or
             # numpy (on 3.13 it would pin numpy < 2.5 and protobuf < 7).
-            "test_prepare_beam.py",
+            "test_prepare_beam.py", "test_keras_io_gallery.py",
         ),
         # The keras engine's guarantees run in the keras env (TensorFlow 2.21).
         engines=("estimator",),
@@ -88,7 +93,8 @@ ENVIRONMENTS = {
         },
         # The keras engine's own module runs in the keras env, on TensorFlow
         # 2.21; here only its moves from the estimator engine, which need both.
-        only={"test_keras_engine.py": ("test_estimator_model_dir_moves_to_the_keras_engine",
+        only={"test_keras_io_gallery.py": _GALLERY_ON_ONE_KERAS,
+              "test_keras_engine.py": ("test_estimator_model_dir_moves_to_the_keras_engine",
                                        "test_weights_h5_move_between_the_engines_models"),
               # Tuning on the newer engines runs in the keras env.
               "test_tune_engines.py": ("*[[]estimator[]]",),
@@ -125,6 +131,7 @@ ENVIRONMENTS = {
             "test_built_once.py", "test_builders_keras3.py", "test_tune_engines.py",
             "test_trainjob_status.py",
             "test_trainjob.py", "test_tracking.py", "test_exact_resume.py",
+            "test_keras_io_gallery.py",
         ),
         engines=("keras",),
         backends=("jax",),
@@ -180,7 +187,7 @@ ENVIRONMENTS = {
             "test_resume_random_layers.py", "test_first_hour.py",
             # Starts the py311 and keras envs' interpreters (tests/keras_envs.py).
             "test_optimizer_moves.py",
-            "test_order_changes.py", "test_logits.py",
+            "test_order_changes.py", "test_logits.py", "test_keras_io_gallery.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),
@@ -217,7 +224,7 @@ ENVIRONMENTS = {
             "tests/test_keras3_setup.py::test_cli_keras3_without_keras3":
                 "Keras 3 is installed: this case needs an environment without it",
         },
-        only={},
+        only={"test_keras_io_gallery.py": _GALLERY_ON_ONE_KERAS},
     ),
     "extras": Environment(
         "Python 3.13 with the Quickstart's '.[cpu]' and the extras its users add (beam, "

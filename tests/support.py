@@ -144,11 +144,12 @@ NO_PACKAGE = ("import sys\n"
               "sys.modules['experiments'] = None\n")
 
 
-def fresh_python(code, cwd, timeout=180):
+def fresh_python(code, cwd, timeout=180, **variables):
     """Runs code in an isolated interpreter in which this package cannot be
-    imported (what a plain Keras user has); returns its stdout."""
+    imported (what a plain Keras user has), with the environment variables
+    given set; returns its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", **variables)
     proc = subprocess.run([sys.executable, "-I", "-c", NO_PACKAGE + code], cwd=str(cwd),
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
