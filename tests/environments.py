@@ -30,7 +30,8 @@ Environment = collections.namedtuple("Environment",
 # The gallery's cases of one Keras: the keras engine's refusal of Keras 3
 # models needs tf-keras beside Keras 3 (the keras env).
 _GALLERY_ON_ONE_KERAS = ("test_a_keras_io_model_trains_evaluates_exports_and_predicts",
-                         "test_the_module_lists_the_four_models")
+                         "test_the_module_lists_the_four_models",
+                         "test_the_exports_serve_a_user_class_that_overrides_call_through_its_call")
 
 ENVIRONMENTS = {
     "py311": Environment(

@@ -60,6 +60,33 @@ def test_the_module_lists_the_four_models():
     assert listed == sorted(MODELS), out
 
 
+def test_the_exports_serve_a_user_class_that_overrides_call_through_its_call():
+    """A plain functional model stands in for the user's class only where
+    the class changes training, not the forward pass: a class whose call
+    post-processes the graph's outputs is served through that call."""
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("3."):
+        pytest.skip("the keras3 engine's exports need Keras 3")
+    from estimator_keras.engines.keras3.export import serving_model
+
+    class Doubled(keras.Model):
+        def call(self, inputs, training=None):
+            return super().call(inputs, training=training) * 2.0
+
+    class CustomModel(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    x = np.ones((2, 4), "float32")
+    for cls, replaced in ((Doubled, False), (CustomModel, True)):
+        inputs = keras.Input((4,))
+        model = cls(inputs, keras.layers.Dense(3)(inputs))
+        served = serving_model(model)
+        assert (served is not model) == replaced, cls
+        np.testing.assert_allclose(served.predict(x, verbose=0), model.predict(x, verbose=0),
+                                   rtol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("engine,backend", ENGINES)

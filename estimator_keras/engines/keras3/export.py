@@ -143,15 +143,21 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
 def serving_model(model):
     """The model whose files serve predictions: ``model`` itself, or, for a
     functional model of the user's own ``keras.Model`` subclass (keras.io's
-    ``CustomModel`` overriding ``train_step``), a plain functional model of
-    the same layers. Prediction needs only the graph of layers, and the plain
-    model loads where the user's class cannot be imported (``predict.py``,
-    TensorFlow Serving, the SavedModel writer of a JAX run)."""
+    ``CustomModel`` overriding ``train_step``, not ``call``), a plain
+    functional model of the same layers. Prediction needs only the graph of
+    layers, and the plain model loads where the user's class cannot be
+    imported (``predict.py``, TensorFlow Serving, the SavedModel writer of a
+    JAX run)."""
     import keras  # pylint: disable=import-outside-toplevel
 
-    own_class = type(model).__module__.split(".")[0] != "keras"
-    if not own_class or not getattr(model, "inputs", None):
+    own = [c for c in type(model).__mro__
+           if c is not object and c.__module__.split(".")[0] != "keras"]
+    if not own or not getattr(model, "inputs", None):
         return model  # Keras' own classes, and subclassed models without a graph
+    if any("call" in vars(c) for c in own):
+        # The user's call is the forward pass: the graph alone would serve
+        # other predictions than the model's.
+        return model
     return keras.Model(model.inputs, model.outputs, name=model.name)
 
 
