@@ -31,7 +31,8 @@ Environment = collections.namedtuple("Environment",
 # models needs tf-keras beside Keras 3 (the keras env).
 _GALLERY_ON_ONE_KERAS = ("test_a_keras_io_model_trains_evaluates_exports_and_predicts",
                          "test_the_module_lists_the_four_models",
-                         "test_the_exports_serve_a_user_class_that_overrides_call_through_its_call")
+                         "test_the_exports_serve_a_user_class_that_overrides_call_through_its_call",
+                         "test_the_savedmodel_child_of_a_dead_parent_ends_before_it_imports_*")
 
 ENVIRONMENTS = {
     "py311": Environment(

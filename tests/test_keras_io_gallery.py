@@ -11,6 +11,7 @@ before anything is written."""
 import json
 import os
 import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -85,6 +86,26 @@ def test_the_exports_serve_a_user_class_that_overrides_call_through_its_call():
         assert (served is not model) == replaced, cls
         np.testing.assert_allclose(served.predict(x, verbose=0), model.predict(x, verbose=0),
                                    rtol=1e-6)
+
+
+def test_the_savedmodel_child_of_a_dead_parent_ends_before_it_imports_tensorflow(tmp_path):
+    """The JAX export's SavedModel writer dies with the training process: one
+    whose parent is already gone ends (status 125) before its seconds of
+    importing TensorFlow, which a stand-in package here would record."""
+    from estimator_keras.engines.keras3 import export
+
+    marker = tmp_path / "imported"
+    fake = tmp_path / "site" / "tensorflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    spec = {"model": str(tmp_path / "model.keras"), "target": str(tmp_path / "saved_model")}
+    command = export._child_command(spec)  # pylint: disable=protected-access
+    command[3] = "1"  # the parent it was started for: not the one it has
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), env["PYTHONPATH"]])
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 125, proc.stderr[-3000:]
+    assert not marker.exists()
 
 
 @pytest.mark.slow

@@ -54,7 +54,6 @@ import tensorflow as tf
 
 from estimator_keras import io
 from estimator_keras import export as export_lib
-from estimator_keras.distribute import netns
 from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ModelDirError, TensorFlowError
 from estimator_keras.schema import FeatureSpec, schema_to_json
@@ -312,15 +311,13 @@ def _saved_model_on_tensorflow(model_file, target, schema, features, class_names
     # Where this process found the package and the model's own layers.
     env["PYTHONPATH"] = os.pathsep.join(
         [package_root] + [p for p in sys.path if p and os.path.isdir(p)])
-    spec["parent"] = os.getpid()
     try:
         # A SIGTERM or Ctrl-C sent to the whole process group must not kill
         # the export half-way (this process saves its checkpoint once it
         # returns, see distribute/preemption.py): the child has a session of
-        # its own, and dies with this process (see _main).
-        proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], env=env,
-                              capture_output=True, text=True, timeout=SAVED_MODEL_TIMEOUT_SECS,
-                              start_new_session=True)
+        # its own, and dies with this process (see _CHILD).
+        proc = subprocess.run(_child_command(spec), env=env, capture_output=True, text=True,
+                              timeout=SAVED_MODEL_TIMEOUT_SECS, start_new_session=True)
     except subprocess.TimeoutExpired as e:
         raise TensorFlowError(
             f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend did "
@@ -334,6 +331,22 @@ def _saved_model_on_tensorflow(model_file, target, schema, features, class_names
             f"this TensorFlow) failed with exit status {proc.returncode}:\n{tail}")
 
 
+# The child dies with its parent before it imports this module, and with it
+# TensorFlow (seconds): a parent killed meanwhile leaves no child importing on.
+_CHILD = ("import sys\n"
+          "from estimator_keras.distribute import netns\n"
+          "netns.die_with(int(sys.argv[1]))\n"
+          "from {module} import _main\n"
+          "_main(sys.argv[2:])\n")
+
+
+def _child_command(spec):
+    """The command line of the SavedModel writer (:func:`_main`) for ``spec``,
+    a child of this process."""
+    return [sys.executable, "-c", _CHILD.format(module=__name__), str(os.getpid()),
+            json.dumps(spec)]
+
+
 def _shortened(line, limit=400):
     return line if len(line) <= limit else f"{line[:limit]} ... ({len(line):,} characters)"
 
@@ -345,8 +358,6 @@ def _main(argv=None):
     parser.add_argument("spec", help="JSON: model, target, schema, features, class_names, "
                                      "modules")
     spec = json.loads(parser.parse_args(argv).spec)
-    if spec.get("parent"):
-        netns.die_with(spec["parent"])
     import keras  # pylint: disable=import-outside-toplevel
 
     for name, path in spec.get("modules") or ():
