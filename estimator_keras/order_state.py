@@ -178,7 +178,7 @@ class Segment:
     :class:`~estimator_keras.engines.optimizers.Schedule`; None in files
     written before it was stored). It fixes no order: a resumed run whose
     cosine decay ends elsewhere says so (:func:`~estimator_keras.engines.
-    optimizers.horizon_moved`), and stores its own from its step."""
+    optimizers.schedule_changed`), and stores its own from its step."""
 
     step: int
     starts: tuple

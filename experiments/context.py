@@ -421,10 +421,21 @@ class RunContext:
         self.check_order()
         if self.order is not None and self.order.message:
             self.log(self.order.message)
-        moved = optimizers.horizon_moved(self.order and self.order.trained_schedule,
-                                         schedule(self.config.train), self.start_step)
-        if moved:
-            self.log(moved)
+        trained = self.order and self.order.trained_schedule
+        now = schedule(self.config.train)
+        if (trained is not None and trained.decay != now.decay
+                and not self.engine.resumes_across_decays):
+            raise ConfigError(
+                f"learning_rate_decay: the checkpoint of step {self.start_step} in "
+                f"{self.model_dir} was trained under {optimizers.describe(trained)}, and this "
+                f"run asks for {optimizers.describe(now)}: the {self.engine.name} engine's "
+                f"checkpoints hold the optimizer's variables, which differ between a "
+                f"constant rate and a decay, so its checkpoint cannot continue under another "
+                f"decay. Keep learning_rate_decay={trained.decay} to resume, or train under "
+                f"{now.decay} into a new --model-dir.")
+        changed = optimizers.schedule_changed(trained, now, self.start_step)
+        if changed:
+            self.log(changed)
 
     def check_order(self):
         """Raises the refusal of a rerun that would train on in a changed input order."""

@@ -181,13 +181,20 @@ class Runner:
         # handler runs: it keeps the signals' own effect.
         watch = None if ctx.info.task_type == "ps" else PreemptionWatch(
             ctx.preemption_grace, log=ctx.log, stop_at_once=ctx.info.is_evaluator,
-            saves=is_chief)
+            saves=is_chief, final_checkpoint=self._final_checkpoint)
         plan = self._plan(preemption=watch)
         ctx.engine.prepare(plan, is_chief)
         with watch or contextlib.nullcontext(), _tensorflow_errors_explained(
                 ctx.dataset_path, ctx.train_fn, ctx.eval_fn,
                 ctx.info.task_name if ctx.info.is_distributed else None):
             return ctx.engine.train(plan)
+
+    def _final_checkpoint(self):
+        """The step of the model dir's checkpoint of the last step, or None."""
+        ctx = self.ctx
+        latest = ctx.engine.latest_checkpoint(ctx.model_dir)
+        step = ctx.engine.checkpoint_step(latest) if latest else None
+        return step if step is not None and step >= ctx.config.train.max_steps else None
 
     def _check_checkpoint(self):
         """A checkpoint in the model dir must fit the model and the engine;

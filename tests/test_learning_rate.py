@@ -58,18 +58,27 @@ def test_both_engines_optimizers_follow_the_schedule():
         assert legacy.get_config()["learning_rate"]["config"]["decay_steps"] == 300
 
 
-def test_a_moved_cosine_horizon_is_said_with_the_rate_under_each():
-    """Only a cosine decay whose end moved: a constant rate has no horizon."""
+def test_a_changed_schedule_is_said_with_the_rate_under_each():
+    """A cosine decay whose end moved, or another decay or peak: the rate
+    at the resume step under each; the same schedule says nothing (a
+    constant rate has no horizon, so its max_steps is not part of it)."""
     trained = optimizers.Schedule.of(0.002, "cosine", 200)
     assert trained == optimizers.Schedule("cosine", 0.002, 200)
     assert optimizers.Schedule.of(0.002, "constant", 200).max_steps is None
     assert trained.rate(200) == pytest.approx(0.0002)
-    line = optimizers.horizon_moved(trained, optimizers.Schedule.of(0.002, "cosine", 400), 200)
+    line = optimizers.schedule_changed(trained, optimizers.Schedule.of(0.002, "cosine", 400),
+                                       200)
     assert line.startswith("learning rate: cosine decay now ends at step 400 (was 200): the "
                            "rate at step 200 goes from 0.0002 to 0.0011"), line
-    for now in (trained, optimizers.Schedule.of(0.002, "constant", 400)):
-        assert optimizers.horizon_moved(trained, now, 200) is None
+    assert optimizers.schedule_changed(trained, trained, 200) is None
+    line = optimizers.schedule_changed(trained, optimizers.Schedule.of(0.002, "constant", 400),
+                                       100)
+    assert line == ("learning rate: constant 0.002 (was cosine from 0.002 to step 200): the "
+                    "rate at step 100 goes from 0.0011 to 0.002"), line
     constant = optimizers.Schedule.of(0.002, "constant", 200)
-    assert optimizers.horizon_moved(constant, optimizers.Schedule.of(0.002, "constant", 400),
-                                    200) is None
-    assert optimizers.horizon_moved(None, trained, 100) is None  # not stored: nothing said
+    assert optimizers.schedule_changed(constant, optimizers.Schedule.of(0.002, "constant", 400),
+                                       200) is None
+    line = optimizers.schedule_changed(constant, optimizers.Schedule.of(0.001, "constant"), 50)
+    assert line == ("learning rate: constant 0.001 (was constant 0.002): the rate at step 50 "
+                    "goes from 0.002 to 0.001"), line
+    assert optimizers.schedule_changed(None, trained, 100) is None  # not stored: nothing said

@@ -456,6 +456,22 @@ def test_a_moved_cosine_horizon_is_said_at_the_resume(ids_data, tmp_path):
     assert "(was 20)" not in err
 
 
+def test_another_decay_is_refused_on_keras3_before_anything_is_written(ids_data, trained):
+    """A Keras 3 optimizer keeps a constant rate as a variable and a decay as
+    none: its checkpoint cannot continue under the other. Refused naming the
+    setting, with the model dir as it was (config.yaml included)."""
+    before = _snapshot(trained)
+    rc, err = _train(ids_data, trained, 40, "--hparams", "learning_rate_decay=cosine",
+                     check=False)
+    assert rc == 2, err[-3000:]
+    (error,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert re.search(r"learning_rate_decay: the checkpoint of step 20 in .* was trained under "
+                     r"constant 0\.05, and this run asks for cosine from 0\.05 to step 40: "
+                     r"the keras3 engine's checkpoints .* Keep learning_rate_decay=constant",
+                     error), err[-3000:]
+    assert _snapshot(trained) == before
+
+
 def test_the_schedule_is_stored_from_the_step_it_changes_at(tiny_dataset, tmp_path):
     """The order is the same; the segment from the resume step holds the new
     learning rate, and the decision names the one the checkpoint trained under."""

@@ -70,6 +70,44 @@ def test_sigterm_saves_the_current_step_and_a_rerun_resumes(fashion_data, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_signal_while_exporting_after_the_last_step_keeps_that_step(fashion_data, tmp_path,
+                                                                     engine):
+    """A signal after the last step's checkpoint, while its best export is
+    written: past the grace the process ends with status 75 and says the
+    step is saved (not that no checkpoint could be), and the rerun writes
+    the export without training."""
+    model_dir = tmp_path / "run"
+    log_path = tmp_path / "train.log"
+    common = ("train", "fashion_mnist_mlp", "--data-dir", fashion_data, "--model-dir",
+              model_dir, "--max-steps", 40, "--eval-every", 40, "--batch-size", 32,
+              "--engine", engine)
+    with open(log_path, "w") as log:
+        proc = start_cli(*common, "--preemption-grace", 0.2, log=log)
+        try:
+            deadline = time.monotonic() + 240
+            while "evaluated step 40:" not in log_path.read_text():
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.002)
+            os.kill(proc.pid, signal.SIGTERM)
+            returncode = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    output = log_path.read_text()
+    assert returncode == PREEMPTED, output[-3000:]
+    assert "the checkpoint of step 40 is saved" in output, output[-3000:]
+    assert "no checkpoint could be saved" not in output, output[-3000:]
+    assert latest_step(model_dir) == 40
+    rc, out, err = cli(*common, timeout=300)
+    assert rc == 0, err[-3000:]
+    assert "nothing to train" in out + err, out + err[-3000:]
+    assert (model_dir / "export" / "export.json").exists(), sorted(os.listdir(model_dir))
+
+
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_batches_of_a_run_never_stopped(fashion_data, tmp_path):
     """Two fresh runs with one seed see the same batches; a run resumed at
     step 700 starts with the batch a run never stopped trains step 700 on,

@@ -78,12 +78,19 @@ class PreemptionWatch:
         the chief of a cluster). Such a task that the watchdog ends before it
         saved exits 1: status 75 promises the current step, and only the
         task that writes it knows whether it was kept.
+      final_checkpoint: ``fn() -> step or None``: the step of a checkpoint
+        of the run's last step, once one is saved. A signal that comes while
+        the run evaluates or exports after that step has nothing to save:
+        the watchdog then ends the process with status 75, since the rerun
+        that finishes the export trains nothing.
     """
 
-    def __init__(self, grace=DEFAULT_GRACE_SECS, stop_at_once=False, log=None, saves=True):
+    def __init__(self, grace=DEFAULT_GRACE_SECS, stop_at_once=False, log=None, saves=True,
+                 final_checkpoint=None):
         self.grace = float(grace)
         self.stop_at_once = stop_at_once
         self.saves = saves
+        self.final_checkpoint = final_checkpoint
         self.log = log or logger.warning
         self.signum = None
         self.saved_step = None
@@ -152,7 +159,13 @@ class PreemptionWatch:
     def _watchdog(self):
         if self._finished.wait(self.grace):
             return
-        if self.saved_step is None:
+        final = self._final_step() if self.saved_step is None else None
+        if final is not None:
+            self.saved_step = final
+            self.log(f"stopped {self.grace:g} s after the signal, while evaluating or exporting "
+                     f"after the last step: the checkpoint of step {final} is saved; rerun the "
+                     f"same command to write what was cut short (the export)")
+        elif self.saved_step is None:
             self.log(f"no checkpoint could be saved within {self.grace:g} s; the last "
                      f"periodic checkpoint is what a rerun resumes from")
         for stream in (sys.stdout, sys.stderr):
@@ -162,6 +175,14 @@ class PreemptionWatch:
                 pass
         kept = self.saved_step is not None or self.stop_at_once or not self.saves
         os._exit(Preempted.exit_code if kept else 1)  # no clean-up past the grace period
+
+    def _final_step(self):
+        if self.final_checkpoint is None or not self.saves:
+            return None
+        try:
+            return self.final_checkpoint()
+        except Exception:  # pylint: disable=broad-except  (the watchdog must still end it)
+            return None
 
     def finish(self):
         """The process is about to exit by itself: the watchdog may stand down."""

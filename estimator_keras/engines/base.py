@@ -276,6 +276,10 @@ class Engine(abc.ABC):
         """Called on a non-chief training worker after it trained: removes
         what only that task wrote. The default removes nothing."""
 
+    # Whether a checkpoint continues under another learning_rate_decay: not
+    # where it holds the optimizer's variables, whose set the decay changes.
+    resumes_across_decays = True
+
     def check_model(self, model, source):
         """Raises ConfigError when this engine cannot train ``model`` as its
         author wrote it (``source`` names what built it). The default

@@ -58,18 +58,28 @@ class Schedule:
         return float(value(step)) if callable(value) else float(value)
 
 
-def horizon_moved(trained, now, step):
-    """The line a run resumed at ``step`` logs where its cosine decay ends at
-    another step than the one its checkpoint was trained under (``trained``,
-    ``now``: :class:`Schedule`); None otherwise. The decay follows
+def describe(schedule):
+    """``schedule`` in words: "constant 0.001", "cosine from 0.002 to step 400"."""
+    if schedule.decay == "cosine":
+        return f"cosine from {schedule.learning_rate:.4g} to step {schedule.max_steps}"
+    return f"{schedule.decay} {schedule.learning_rate:.4g}"
+
+
+def schedule_changed(trained, now, step):
+    """The line a run resumed at ``step`` logs where its learning rate
+    schedule (:class:`Schedule`) is not the one its checkpoint was trained
+    under (``trained``); None otherwise. Where the cosine decay ends follows
     --max-steps: raising it stretches the cosine, so the rate jumps at the
     resume; a deliberate choice, said rather than refused."""
-    if (trained is None or now is None or trained.decay != "cosine" or now.decay != "cosine"
-            or trained.max_steps == now.max_steps):
+    if trained is None or now is None or trained == now:
         return None
-    return (f"learning rate: cosine decay now ends at step {now.max_steps} (was "
-            f"{trained.max_steps}): the rate at step {step} goes from {trained.rate(step):.4g} "
-            f"to {now.rate(step):.4g} (the decay follows --max-steps)")
+    if trained.decay == now.decay == "cosine" and trained.learning_rate == now.learning_rate:
+        what = (f"cosine decay now ends at step {now.max_steps} (was {trained.max_steps})")
+        why = " (the decay follows --max-steps)"
+    else:
+        what, why = f"{describe(now)} (was {describe(trained)})", ""
+    return (f"learning rate: {what}: the rate at step {step} goes from {trained.rate(step):.4g} "
+            f"to {now.rate(step):.4g}{why}")
 
 
 def _check_name(name):

@@ -414,6 +414,9 @@ class Keras3Engine(base.Engine):
     """:class:`~estimator_keras.engines.base.Engine` over Keras 3's ``Model.fit``."""
 
     name = "keras3"
+    # Keras 3 keeps a constant rate as an optimizer variable and a decay as
+    # none: a checkpoint's optimizer state fits one of them only.
+    resumes_across_decays = False
 
     def train(self, plan):
         return _fit(plan)
