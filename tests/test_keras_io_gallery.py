@@ -123,7 +123,7 @@ def test_a_keras_io_model_trains_evaluates_exports_and_predicts(tmp_path, data_d
         (error,) = [line for line in err.splitlines() if line.startswith("error:")]
         assert re.search(r"returned a CustomModel model that overrides "
                          r"keras\.Model\.train_step: the estimator engine .* never calls it.*"
-                         r"--engine keras or --engine keras3", error), err
+                         r"--engine keras \(Keras 2\) or keras3 \(Keras 3\)", error), err
         assert not run.exists(), sorted(os.listdir(run))
         return
     assert rc == 0, err[-3000:]

@@ -471,10 +471,11 @@ class EstimatorEngine(base.TFCheckpointEngine):
                 f"{source} returned a {cls.__name__} model that overrides "
                 f"{', '.join(f'keras.Model.{name}' for name in overridden)}: the estimator "
                 f"engine trains with tf.estimator (model_to_estimator), which never calls "
-                f"{'it' if len(overridden) == 1 else 'them'}, so the model would train "
-                f"without {'it' if len(overridden) == 1 else 'them'}; train it with --engine "
-                f"keras or --engine keras3, whose Model.fit calls "
-                f"{'it' if len(overridden) == 1 else 'them'}.")
+                f"{'it' if len(overridden) == 1 else 'them'}, so the model would run "
+                f"without {'it' if len(overridden) == 1 else 'them'}; train it with an engine "
+                f"whose Model.fit calls {'it' if len(overridden) == 1 else 'them'}: --engine "
+                f"keras (Keras 2) or keras3 (Keras 3), whichever trains the model's Keras "
+                f"here (`python -m experiments list` says which this environment runs).")
 
     def train(self, plan):
         model_dirs.check_can_continue(plan.model_dir, self.name)
