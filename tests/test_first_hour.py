@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from estimator_keras.cloud import space as space_lib
+from estimator_keras.tuning import space as space_lib
 from estimator_keras.errors import ConfigError
 from experiments import cli
 from docs_pages import DOC_PATHS, TITLE

@@ -26,18 +26,19 @@ TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
            "estimator_keras.cloud.spec", "estimator_keras.cloud.vertex",
            "estimator_keras.cloud.tfjob", "estimator_keras.cloud.jaxjob",
            "estimator_keras.cloud.jobenv",
-           "estimator_keras.cloud.space", "estimator_keras.cloud.hypertune",
+           "estimator_keras.tuning", "estimator_keras.tuning.space",
+           "estimator_keras.tuning.optuna_search", "estimator_keras.cloud.hypertune",
            "estimator_keras.cloud.trainjob_status",
            "estimator_keras.cloud.trainjob", "estimator_keras.cloud.targets",
            "estimator_keras.distribute.trainjob_pods", "estimator_keras.tracking",
            "estimator_keras.tracking.settings", "estimator_keras.tracking.mlflow_run",
            "estimator_keras.tracking.sender",
-           "experiments.tracked", "experiments.tracked_study",
-           "experiments", "experiments.cli", "experiments.commands", "experiments.registry",
-           "experiments.catalog", "experiments.config", "experiments.config_files",
-           "experiments.data_info", "experiments.hparams", "experiments.datasets",
-           "experiments.prepare_cmd", "experiments.tune", "experiments.tune_cmd",
-           "experiments.submit", "experiments.cluster_cmd")
+           "experiments.training.tracked", "experiments.tuning.tracked",
+           "experiments", "experiments.cli", "experiments.commands.common", "experiments.catalog.registry",
+           "experiments.catalog.loading", "experiments.config.types", "experiments.config.files",
+           "experiments.config.data_info", "experiments.config.hparams", "experiments.catalog.datasets",
+           "experiments.commands.prepare", "experiments.tuning.runner", "experiments.commands.tune",
+           "experiments.commands.submit", "experiments.commands.cluster")
 MAX_LINES = 600
 
 
@@ -46,7 +47,7 @@ def test_light_modules_do_not_import_tensorflow():
     code = ("import importlib, sys\n"
             f"for name in {TF_FREE!r}:\n"
             "    importlib.import_module(name)\n"
-            "from experiments import catalog\n"
+            "from experiments.catalog import loading as catalog\n"
             "catalog.load()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'keras', 'tf_keras', 'mlflow')))\n")
@@ -125,7 +126,9 @@ def test_paths_are_joined_by_io_only():
 def test_each_helper_has_one_copy():
     from estimator_keras import schema  # pylint: disable=import-outside-toplevel
     from estimator_keras.distribute import launcher  # pylint: disable=import-outside-toplevel
-    from experiments import commands, prepare_cmd, tune  # pylint: disable=import-outside-toplevel
+    from experiments.commands import common as commands  # pylint: disable=import-outside-toplevel
+    from experiments.commands import prepare as prepare_cmd  # pylint: disable=import-outside-toplevel
+    from experiments.tuning import runner as tune  # pylint: disable=import-outside-toplevel
 
     assert tune.signal_group is launcher.signal_group
     assert prepare_cmd.data_dir is commands.data_dir

@@ -216,7 +216,7 @@ def _field_default(field):
 
 
 def generate_config():
-    from experiments import config  # pylint: disable=import-outside-toplevel
+    from experiments.config import types as config  # pylint: disable=import-outside-toplevel
 
     path = os.path.join(ROOT, "experiments", "config.py")
     out = ["Generated from the dataclasses of `experiments/config.py` (their fields and "
@@ -249,7 +249,8 @@ def generate_config():
 
 
 def generate_experiments():
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
 
     catalog.load((), entry_points=False)
     out = ["Generated from the registry when this site was built (what `python -m "

@@ -25,7 +25,7 @@ https://cloud.google.com/vertex-ai/docs/reference/rest/v1/projects.locations.hyp
 from typing import Any, Dict, List
 
 from estimator_keras.cloud import vertex_options
-from estimator_keras.cloud.space import Study
+from estimator_keras.tuning.space import Study
 from estimator_keras.cloud.spec import PYTHON_MODULE, JobSpec, parse_accelerator, prebuilt_image
 from estimator_keras.errors import ConfigError
 

@@ -1,7 +1,7 @@
 """How a local study searches: a search space as Optuna distributions, and
 the sampler and pruner each ``tune --algorithm`` and ``--pruner`` names.
 
-The space file keeps Vertex AI's vocabulary (:mod:`estimator_keras.cloud.space`);
+The space file keeps Vertex AI's vocabulary (:mod:`estimator_keras.tuning.space`);
 here each parameter becomes an Optuna distribution:
 
 =========================  =========================================
@@ -27,7 +27,7 @@ or says how to install it.
 import importlib
 from typing import Dict, List, Optional
 
-from estimator_keras.cloud import space as space_lib
+from estimator_keras.tuning import space as space_lib
 from estimator_keras.errors import ConfigError, UsageError
 
 ALGORITHMS = ("tpe", "cmaes", "qmc", "random", "grid")

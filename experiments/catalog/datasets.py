@@ -13,7 +13,7 @@ import shlex
 
 from estimator_keras import io, manifest, sources
 from estimator_keras.errors import UsageError
-from experiments import registry
+from experiments.catalog import registry
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """Fashion-MNIST: the dataset, the seed answer's CNN and the seed question's MLP."""
 
-from experiments import datasets, models
-from experiments.config import DataConfig, Experiment, ExperimentConfig, TrainConfig
-from experiments.registry import register, register_dataset
+from experiments.catalog import datasets
+from experiments.catalog import models
+from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
+from experiments.catalog.registry import register, register_dataset
 
 # Zalando's names for the class ids, in order.
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",

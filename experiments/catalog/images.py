@@ -6,10 +6,10 @@ segmented by a model sized from the data.
     python -m experiments train image_segmenter --dataset data/my_masks
 """
 
-from experiments import models
-from experiments.config import DataConfig, Experiment, ExperimentConfig, TrainConfig
-from experiments.registry import register
-from experiments.shapes import segmentation_metrics
+from experiments.catalog import models
+from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
+from experiments.catalog.registry import register
+from experiments.catalog.shapes import segmentation_metrics
 
 CLASSIFIER = register(Experiment(
     config=ExperimentConfig(

@@ -32,10 +32,10 @@ import sys
 import traceback
 
 from estimator_keras.errors import EstimatorKerasError
-from experiments import registry
+from experiments.catalog import registry
 
-BUILTIN_MODULES = ("experiments.fashion_mnist", "experiments.mnist", "experiments.shapes",
-                   "experiments.images")
+BUILTIN_MODULES = ("experiments.catalog.fashion_mnist", "experiments.catalog.mnist", "experiments.catalog.shapes",
+                   "experiments.catalog.images")
 ENTRY_POINT_GROUP = "estimator_keras.experiments"
 MODULES_VARIABLE = "EK_MODULES"
 

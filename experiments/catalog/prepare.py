@@ -15,8 +15,8 @@ from estimator_keras import io, records
 from estimator_keras.errors import DataError, UsageError
 from estimator_keras.manifest import load_manifest
 from estimator_keras.sources import idx, layouts, tfrecords
-from experiments import registry
-from experiments.datasets import Head, dataset_dir, is_prepared
+from experiments.catalog import registry
+from experiments.catalog.datasets import Head, dataset_dir, is_prepared
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import dataclasses
 import typing
 
 from estimator_keras.errors import UsageError
-from experiments import parsing
+from experiments.config import parsing
 
 
 @dataclasses.dataclass

@@ -1,9 +1,9 @@
 """Semantic segmentation of generated shapes with a small U-Net."""
 
 from estimator_keras import sources
-from experiments import models
-from experiments.config import DataConfig, Experiment, ExperimentConfig, TrainConfig
-from experiments.registry import register, register_dataset
+from experiments.catalog import models
+from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
+from experiments.catalog.registry import register, register_dataset
 
 
 def _splits(source_dir=None, download_dir=None, num_train=8000, num_test=1000):

@@ -37,7 +37,9 @@ from estimator_keras.distribute import launcher
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, UsageError
 from estimator_keras.tracking import settings as tracking_settings
-from experiments import commands, parsing, registry
+from experiments.commands import common as commands
+from experiments.config import parsing
+from experiments.catalog import registry
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
@@ -181,7 +183,7 @@ def _prepare_missing_data(targs, config):
     if config is None:
         return
     # pylint: disable-next=import-outside-toplevel  (loads the sources' registry, not TF)
-    from experiments import datasets
+    from experiments.catalog import datasets
     name, data_dir = config.data.dataset, commands.data_dir(targs)
     _, missing = datasets.needs_preparing(name, data_dir)
     if not missing:
@@ -189,7 +191,7 @@ def _prepare_missing_data(targs, config):
     print(f"Dataset {name} is not in {data_dir}: preparing it before the tasks start, on this "
           f"machine's network")
     sys.stdout.flush()
-    commands.tensorflow_module("experiments.prepare").prepare(
+    commands.tensorflow_module("experiments.catalog.prepare").prepare(
         name, data_dir, source_dir=getattr(targs, "source_dir", None))
 
 

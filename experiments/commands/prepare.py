@@ -15,8 +15,9 @@ import tempfile
 
 from estimator_keras import manifest
 from estimator_keras.errors import UsageError
-from experiments import catalog, registry
-from experiments.commands import data_dir
+from experiments.catalog import loading as catalog
+from experiments.catalog import registry
+from experiments.commands.common import data_dir
 
 _FOLDER_FLAGS = ("name", "image_size", "channels", "test_fraction", "strict")
 _TFRECORD_FLAGS = ("source", "test_source", "features", "label", "num_classes", "class_names")
@@ -170,7 +171,7 @@ def _beam(args):
 def run(args):
     """Runs ``prepare``; prints what was written. Returns the exit status."""
     catalog.check(catalog.load(getattr(args, "modules", None)), getattr(args, "verbose", False))
-    prepare = importlib.import_module("experiments.prepare")
+    prepare = importlib.import_module("experiments.catalog.prepare")
     compression = None if args.compression == "none" else "GZIP"
     beam = _beam(args)
     if args.dataset not in prepare.IMPORTERS:

@@ -33,9 +33,9 @@ import yaml
 from estimator_keras import io
 from estimator_keras.engines import model_dirs
 from estimator_keras.errors import ConfigError, ModelDirError, UsageError
-from experiments import hparams
-from experiments.config import DataConfig, TrainConfig
-from experiments.data_info import DataInfo
+from experiments.config import hparams
+from experiments.config.types import DataConfig, TrainConfig
+from experiments.config.data_info import DataInfo
 
 RUN_CONFIG = "config.yaml"
 SECTIONS = {"data": DataConfig, "train": TrainConfig}

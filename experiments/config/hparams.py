@@ -7,9 +7,8 @@ unknown key is a ConfigError listing every valid key.
 
 import dataclasses
 
-from experiments import registry
-from experiments.config import LEARNING_RATE_DECAYS, DataConfig, TrainConfig
-from estimator_keras.errors import ConfigError, UsageError
+from estimator_keras.errors import ConfigError, UsageError, closest
+from experiments.config.types import LEARNING_RATE_DECAYS, DataConfig, TrainConfig
 
 
 def parse_value(key, text, default, source=None):
@@ -100,7 +99,9 @@ def with_overrides(config, hparams=None, **flags):
                 valid = sorted({f.name for f in dataclasses.fields(TrainConfig)}
                                | {f.name for f in dataclasses.fields(DataConfig)}
                                - {"dataset", "features"} | set(model))
-                raise ConfigError(f"unknown hparam {key!r}{registry.did_you_mean(key, valid)} "
+                close = closest(key, valid)
+                hint = f" (did you mean {close}?)" if close else ""
+                raise ConfigError(f"unknown hparam {key!r}{hint} "
                                   f"for experiment {config.name!r}; valid: {', '.join(valid)}.")
     # Flags come last: they beat --hparams.
     for key, value in flags.items():

@@ -10,7 +10,7 @@ docstring; ``--hparams`` and config files set fields by these names (see
 import dataclasses
 import typing
 
-from experiments.data_info import call_with_data
+from experiments.config.data_info import call_with_data
 
 
 @dataclasses.dataclass

@@ -23,7 +23,10 @@ from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, DataError, SchemaError
 from estimator_keras.schema import feature_map
 from estimator_keras.tracking import settings as tracking_settings
-from experiments import config_files, data_info, datasets, prepare
+from experiments.config import files as config_files
+from experiments.config import data_info
+from experiments.catalog import datasets
+from experiments.catalog import prepare
 
 # How long a non-chief task waits for the chief to prepare the data.
 DATA_WAIT_SECS = 600

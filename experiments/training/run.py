@@ -30,9 +30,12 @@ from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS, Preemption
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
                                     ModelDirError, Preempted, TensorFlowError)
 from estimator_keras.modeldir import ModelDirLock
-from experiments import context as context_lib
-from experiments import config_files, data_info, datasets, tracked
-from experiments.context import RunContext, say
+from experiments.training import context as context_lib
+from experiments.config import files as config_files
+from experiments.config import data_info
+from experiments.catalog import datasets
+from experiments.training import tracked
+from experiments.training.context import RunContext, say
 
 
 @dataclasses.dataclass

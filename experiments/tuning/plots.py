@@ -16,7 +16,7 @@ import warnings
 from typing import Callable, List
 
 from estimator_keras import io
-from experiments import search
+from estimator_keras.tuning import optuna_search as search
 
 PLOTS = ("optimization_history", "param_importances", "intermediate_values")
 

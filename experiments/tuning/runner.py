@@ -53,14 +53,19 @@ import warnings
 from typing import Dict, List, Optional
 
 from estimator_keras import io
-from estimator_keras.cloud import space as space_lib
+from estimator_keras.tuning import space as space_lib
 from estimator_keras.distribute import netns, trainjob_pods
 from estimator_keras.distribute.launcher import signal_group
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
 from estimator_keras.tracking import settings as tracking_settings
-from experiments import evaluations, search, studies, tracked_study, tune_config, tune_plots
-from experiments.tune_config import StudyConfig
-from experiments.tune_table import (TRIALS_CSV, Trial, best_trial, copy_best, row, rows,
+from experiments.tuning import evaluations
+from estimator_keras.tuning import optuna_search as search
+from experiments.tuning import studies
+from experiments.tuning import tracked as tracked_study
+from experiments.tuning import study_config as tune_config
+from experiments.tuning import plots as tune_plots
+from experiments.tuning.study_config import StudyConfig
+from experiments.tuning.table import (TRIALS_CSV, Trial, best_trial, copy_best, row, rows,
                                     trial_dir, write_table)
 
 TRIAL_LOG = "train.log"

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 
 from estimator_keras import io
 from estimator_keras.errors import ConfigError, UsageError
-from experiments import search
+from estimator_keras.tuning import optuna_search as search
 
 STUDY_DB = "study.db"
 DEFINITION_ATTR = "estimator_keras.definition"

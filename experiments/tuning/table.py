@@ -13,8 +13,8 @@ import json
 from typing import Dict, List, Optional
 
 from estimator_keras import io
-from estimator_keras.cloud import space as space_lib
-from experiments import studies
+from estimator_keras.tuning import space as space_lib
+from experiments.tuning import studies
 
 TRIALS_JSON = "trials.json"
 TRIALS_CSV = "trials.csv"

@@ -22,7 +22,7 @@ records into the same run.
 import os
 
 from estimator_keras.tracking import mlflow_run, settings
-from experiments import tracked
+from experiments.training import tracked
 
 STUDY_ATTR = "mlflow_run_id"
 URI_ATTR = "mlflow_tracking_uri"
