@@ -145,6 +145,61 @@ def test_no_module_is_too_long():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+# experiments/: the face at the top, its rooms below, each importing only the
+# rooms under it (the first imports none of the others).
+FACE = {"__init__.py", "__main__.py", "cli.py"}
+ROOMS = ("config", "catalog", "training", "tuning", "commands")
+
+
+def test_the_top_of_experiments_holds_only_the_face():
+    top = {name for name in os.listdir(os.path.join(ROOT, "experiments"))
+           if name != "__pycache__"}
+    assert top == FACE | set(ROOMS), sorted(top - FACE - set(ROOMS))
+
+
+def _experiments_imports(tree):
+    """The modules of experiments/ that a module's syntax tree imports."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "experiments")
+        elif (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+              and node.module.split(".")[0] == "experiments"):
+            found.update(f"{node.module}.{a.name}" if node.module == "experiments"
+                         else node.module for a in node.names)
+    return found
+
+
+def _runs_up(room, names):
+    """Those of ``names`` that a module of ``room`` may not import: the face
+    (``experiments`` itself among them) or a room above its own."""
+    def above(name):
+        target = (name.split(".") + [""])[1]
+        return target not in ROOMS or ROOMS.index(target) > ROOMS.index(room)
+    return sorted(name for name in names if above(name))
+
+
+def test_no_import_runs_from_a_room_back_up():
+    up, rooms = [], set()
+    for module, path in _modules(("experiments",)):
+        room = (module.split(".") + [""])[1]
+        if room in ROOMS:
+            rooms.add(room)
+            names = _experiments_imports(ast.parse(open(path, encoding="utf-8").read()))
+            up += [f"{module} imports {name}" for name in _runs_up(room, names)]
+    assert rooms == set(ROOMS), rooms
+    assert not up, "imports that run up, to the face or a higher room:\n" + "\n".join(up)
+
+
+def test_the_room_guard_finds_an_import_that_runs_up():
+    source = ("import experiments.cli\nfrom experiments import DataConfig\n"
+              "from experiments.commands import train\nfrom experiments.config import types\n"
+              "from experiments.catalog.registry import register\n")
+    names = _experiments_imports(ast.parse(source))
+    assert _runs_up("catalog", names) == ["experiments.DataConfig", "experiments.cli",
+                                          "experiments.commands"]
+
+
 @pytest.mark.slow
 def test_the_wheel_ships_no_benchmarks(tmp_path):
     # benchmarks/ runs from a checkout; setup.py leaves it out of the wheel.
