@@ -17,7 +17,7 @@ from support import NO_PACKAGE
 
 pytestmark = pytest.mark.slow
 
-# Builders of experiments/models.py: a plain stack, batch normalization
+# Builders of experiments/catalog/models.py: a plain stack, batch normalization
 # (non-trainable weights), and a U-Net (branches, Conv2DTranspose).
 _COMMON = textwrap.dedent("""
     import json, os, sys, types
