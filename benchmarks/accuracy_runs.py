@@ -203,9 +203,9 @@ def _project(spec, args, clock):
     from estimator_keras import precision  # pylint: disable=import-outside-toplevel
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
     from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
-    from experiments.training import context  # pylint: disable=import-outside-toplevel
-    from experiments.config import hparams  # pylint: disable=import-outside-toplevel
     from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
+    from experiments.config import hparams  # pylint: disable=import-outside-toplevel
+    from experiments.training import context  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     engine = engines.get_engine(engine_name)

@@ -112,8 +112,7 @@ def dataset_path(settings):
         path = base
     else:
         from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
-        from experiments.catalog import datasets  # pylint: disable=import-outside-toplevel
-        from experiments.catalog import prepare  # pylint: disable=import-outside-toplevel
+        from experiments.catalog import datasets, prepare  # pylint: disable=import-outside-toplevel
         catalog.load()
         path = datasets.dataset_dir(base, DATASET_NAME)
         if not datasets.is_prepared(base, DATASET_NAME):

@@ -47,8 +47,8 @@ import tensorflow as tf  # noqa: E402
 from estimator_keras import inputs, manifest as manifest_lib, records, verify  # noqa: E402
 from estimator_keras.errors import DataError, EstimatorKerasError  # noqa: E402
 from experiments.catalog import loading as catalog  # noqa: E402
-from experiments.config import hparams  # noqa: E402
 from experiments.catalog import registry  # noqa: E402
+from experiments.config import hparams  # noqa: E402
 
 
 def _parse_config_file(text, _state={}):  # pylint: disable=dangerous-default-value

@@ -13,9 +13,9 @@ from estimator_keras.errors import UsageError
 from estimator_keras.manifest import load_manifest
 from experiments import cli
 from experiments.catalog import loading as catalog
+from experiments.catalog import datasets
 from experiments.commands import cluster as cluster_cmd
 from experiments.config import files as config_files
-from experiments.catalog import datasets
 from support import FASHION, ROOT
 
 

@@ -14,12 +14,12 @@ import textwrap
 import pytest
 
 from support import ROOT, child_env
-from estimator_keras.errors import ConfigError, UsageError
 from estimator_keras import engines
+from estimator_keras.errors import ConfigError, UsageError
 from experiments import cli
 from experiments.catalog import loading as catalog
-from experiments.commands import cluster as cluster_cmd
 from experiments.catalog import registry
+from experiments.commands import cluster as cluster_cmd
 
 
 def run_cluster(tmp_path, *args):

@@ -118,9 +118,9 @@ _TRAIN_AND_EXPORT = textwrap.dedent("""
     import numpy as np
     import keras
     import tensorflow as tf
-    from experiments import models
     from estimator_keras.engines.keras3 import export as keras3_export
     from estimator_keras.schema import FeatureSpec
+    from experiments import models
 
     out = sys.argv[1]
     keras.utils.set_random_seed(3)

@@ -5,9 +5,9 @@ import pytest
 from estimator_keras.engines import optimizers
 from estimator_keras.errors import ConfigError
 from experiments.catalog import loading as catalog
+from experiments.catalog import registry
 from experiments.config import types as config
 from experiments.config import hparams
-from experiments.catalog import registry
 
 
 def test_constant_is_the_number_and_cosine_falls_to_a_tenth_at_max_steps():

@@ -13,8 +13,8 @@ import tarfile
 import pytest
 
 from estimator_keras.cloud import packaging, vertex
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.cloud.spec import JobSpec
+from estimator_keras.tuning import space as space_lib
 from support import ROOT, assert_vertex_layout, cli, session_hparams, vertex_env
 
 pytestmark = pytest.mark.slow

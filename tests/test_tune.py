@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from estimator_keras.cloud import backends, hypertune, packaging, submission, vertex
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError, Preempted, UsageError
+from estimator_keras.tuning import space as space_lib
 from experiments.commands import submit as submit_cmd
-from experiments.tuning import runner as tune
 from experiments.commands import tune as tune_cmd
+from experiments.tuning import runner as tune
 from support import ROOT, child_env, cli, sample_flag_value
 from tune_trainer import fake_python  # pylint: disable=unused-import
 
@@ -550,8 +550,8 @@ def test_pruned_trials_stop_at_an_evaluation_and_say_where(tmp_path, fake_python
 WORKER = """\
 import json, sys
 sys.path.insert(0, %(root)r)
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.errors import Preempted
+from estimator_keras.tuning import space as space_lib
 from experiments import tune
 space = space_lib.load_space(%(space)r)
 study = space_lib.Study(space, metric="accuracy", goal="max", max_trials=%(trials)d,

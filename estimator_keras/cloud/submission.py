@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Optional
 
 from estimator_keras import io
 from estimator_keras.cloud import backends, packaging, vertex, vertex_check
-from estimator_keras.tuning.space import Study
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError
+from estimator_keras.tuning.space import Study
 
 
 def _request(spec: JobSpec, study: Optional[Study]) -> Dict[str, Any]:

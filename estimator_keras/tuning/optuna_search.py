@@ -27,8 +27,8 @@ or says how to install it.
 import importlib
 from typing import Dict, List, Optional
 
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.errors import ConfigError, UsageError
+from estimator_keras.tuning import space as space_lib
 
 ALGORITHMS = ("tpe", "cmaes", "qmc", "random", "grid")
 DEFAULT_ALGORITHM = "tpe"

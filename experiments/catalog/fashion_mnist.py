@@ -1,9 +1,8 @@
 """Fashion-MNIST: the dataset, the seed answer's CNN and the seed question's MLP."""
 
-from experiments.catalog import datasets
-from experiments.catalog import models
-from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
+from experiments.catalog import datasets, models
 from experiments.catalog.registry import register, register_dataset
+from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
 
 # Zalando's names for the class ids, in order.
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",

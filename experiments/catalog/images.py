@@ -7,9 +7,9 @@ segmented by a model sized from the data.
 """
 
 from experiments.catalog import models
-from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
 from experiments.catalog.registry import register
 from experiments.catalog.shapes import segmentation_metrics
+from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
 
 CLASSIFIER = register(Experiment(
     config=ExperimentConfig(

@@ -1,9 +1,8 @@
 """MNIST: the dataset the seed question used, and the seed answer's CNN on it."""
 
-from experiments.catalog import datasets
-from experiments.catalog import models
-from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
+from experiments.catalog import datasets, models
 from experiments.catalog.registry import register, register_dataset
+from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
 
 register_dataset("mnist",
                  "MNIST, 60k/10k 28x28 grey digits (IDX files from --source-dir or downloaded)",

@@ -2,8 +2,8 @@
 
 from estimator_keras import sources
 from experiments.catalog import models
-from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
 from experiments.catalog.registry import register, register_dataset
+from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
 
 
 def _splits(source_dir=None, download_dir=None, num_train=8000, num_test=1000):

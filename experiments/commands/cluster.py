@@ -37,9 +37,9 @@ from estimator_keras.distribute import launcher
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError, UsageError
 from estimator_keras.tracking import settings as tracking_settings
+from experiments.catalog import registry
 from experiments.commands import common as commands
 from experiments.config import parsing
-from experiments.catalog import registry
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
 

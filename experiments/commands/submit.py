@@ -57,17 +57,17 @@ import sys
 from typing import Callable, List, Optional, Sequence
 
 from estimator_keras import engines, io
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.cloud import jaxjob, katib, packaging, submission, tfjob, trainjob
+from estimator_keras.tuning import space as space_lib
 from estimator_keras.cloud.spec import (DEFAULT_MACHINE_TYPE, JobSpec, check_job_engine,
                                         job_entry, keras_backends)
 from estimator_keras.errors import ConfigError, UsageError
 from estimator_keras.tracking import settings as tracking_settings
 from experiments.catalog import loading as catalog
-from experiments.config import files as config_files
-from experiments.config import hparams
 from experiments.catalog import registry
 from experiments.commands import submit_vertex
+from experiments.config import files as config_files
+from experiments.config import hparams
 from experiments.config import flags as train_flags
 
 STRATEGIES = train_flags.STRATEGIES

@@ -18,20 +18,20 @@ import os
 import sys
 
 from estimator_keras import io
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.distribute.launcher import PREEMPTION_MARGIN
 from estimator_keras.errors import ConfigError
 from estimator_keras.tracking import settings as tracking_settings
-from experiments.commands import common as commands
-from experiments.catalog import datasets
-from experiments.config import hparams
+from estimator_keras.tuning import space as space_lib
 from estimator_keras.tuning import optuna_search as search
-from experiments.tuning import studies
+from experiments.catalog import datasets
+from experiments.commands import common as commands
+from experiments.commands.submit import positive_int
+from experiments.config import hparams
 from experiments.config import flags as train_flags
+from experiments.tuning import studies
 from experiments.tuning import runner as tune
 from experiments.tuning import study_config as tune_config
 from experiments.tuning import table as tune_table
-from experiments.commands.submit import positive_int
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1]
 # train's destinations that tune sets itself: the experiment, each trial's

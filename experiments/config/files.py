@@ -34,8 +34,8 @@ from estimator_keras import io
 from estimator_keras.engines import model_dirs
 from estimator_keras.errors import ConfigError, ModelDirError, UsageError
 from experiments.config import hparams
-from experiments.config.types import DataConfig, TrainConfig
 from experiments.config.data_info import DataInfo
+from experiments.config.types import DataConfig, TrainConfig
 
 RUN_CONFIG = "config.yaml"
 SECTIONS = {"data": DataConfig, "train": TrainConfig}

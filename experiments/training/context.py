@@ -18,15 +18,14 @@ from estimator_keras import (engines, inputs, losses, manifest, model_inputs, or
 from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
-from estimator_keras.engines import base, optimizers
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
+from estimator_keras.engines import base, optimizers
 from estimator_keras.errors import ConfigError, DataError, SchemaError
 from estimator_keras.schema import feature_map
 from estimator_keras.tracking import settings as tracking_settings
+from experiments.catalog import datasets, prepare
 from experiments.config import files as config_files
 from experiments.config import data_info
-from experiments.catalog import datasets
-from experiments.catalog import prepare
 
 # How long a non-chief task waits for the chief to prepare the data.
 DATA_WAIT_SECS = 600

@@ -25,15 +25,15 @@ import tensorflow as tf
 from estimator_keras import engines, export as export_lib, io, manifest, summaries
 from estimator_keras import losses, tf_errors, verify
 from estimator_keras.cloud import hypertune, trainjob_status
-from estimator_keras.engines import base
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
+from estimator_keras.engines import base
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
                                     ModelDirError, Preempted, TensorFlowError)
 from estimator_keras.modeldir import ModelDirLock
-from experiments.training import context as context_lib
+from experiments.catalog import datasets
 from experiments.config import files as config_files
 from experiments.config import data_info
-from experiments.catalog import datasets
+from experiments.training import context as context_lib
 from experiments.training import tracked
 from experiments.training.context import RunContext, say
 

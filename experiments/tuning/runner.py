@@ -53,14 +53,13 @@ import warnings
 from typing import Dict, List, Optional
 
 from estimator_keras import io
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.distribute import netns, trainjob_pods
 from estimator_keras.distribute.launcher import signal_group
 from estimator_keras.errors import ConfigError, EstimatorKerasError, Preempted
 from estimator_keras.tracking import settings as tracking_settings
-from experiments.tuning import evaluations
+from estimator_keras.tuning import space as space_lib
 from estimator_keras.tuning import optuna_search as search
-from experiments.tuning import studies
+from experiments.tuning import evaluations, studies
 from experiments.tuning import tracked as tracked_study
 from experiments.tuning import study_config as tune_config
 from experiments.tuning import plots as tune_plots

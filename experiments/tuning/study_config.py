@@ -7,10 +7,10 @@ import sys
 from typing import Dict, List, Optional
 
 from estimator_keras import io
-from estimator_keras.tuning import space as space_lib
 from estimator_keras.distribute.launcher import PREEMPTION_MARGIN
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
 from estimator_keras.errors import ConfigError
+from estimator_keras.tuning import space as space_lib
 from estimator_keras.tuning import optuna_search as search
 from experiments.tuning import studies
 
