@@ -3,7 +3,7 @@
 :mod:`~estimator_keras.tracking.settings` resolves where a run is tracked and
 bounds MLflow's client; :mod:`~estimator_keras.tracking.mlflow_run` writes one
 run from a background thread. What a ``train`` or ``tune`` run records is
-``experiments.tracked``'s.
+``experiments.training.tracked``'s.
 """
 
 from estimator_keras.tracking.settings import resolve

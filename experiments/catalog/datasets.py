@@ -1,9 +1,9 @@
 """Where prepared datasets live (``DATA_DIR/<name>``) and where the built-in
 ones come from; TensorFlow-free, so that listing experiments stays quick.
 
-Datasets are registered with :func:`experiments.registry.register_dataset`;
+Datasets are registered with :func:`experiments.catalog.registry.register_dataset`;
 :func:`idx_splits` serves the IDX-file ones (MNIST, Fashion-MNIST), and
-:mod:`experiments.prepare` writes them.
+:mod:`experiments.catalog.prepare` writes them.
 """
 
 import logging

@@ -1,7 +1,7 @@
 """Model builders shared by the experiments.
 
 Every builder takes ``(hparams, data)``: the model hyperparameters and the
-:class:`~experiments.data_info.DataInfo` of the dataset (input shape and
+:class:`~experiments.config.data_info.DataInfo` of the dataset (input shape and
 dtype, number of classes), so that one builder fits any prepared dataset.
 Called without data (rebuilding a model in plain Keras), the seed models take
 Fashion-MNIST's 28x28x1 and 10 classes, the U-Net the shapes dataset's.

@@ -3,7 +3,7 @@
 The registry only records: it imports no experiment module. Modules that
 define experiments and datasets call :func:`register` and
 :func:`register_dataset` when they are imported, and
-:mod:`experiments.catalog` imports them (the built-in ones and, for a
+:mod:`experiments.catalog.loading` imports them (the built-in ones and, for a
 command, the user's) before anything is looked up::
 
     register(Experiment(
@@ -74,7 +74,7 @@ def _claim(kind, name):
 
 
 def register(experiment):
-    """Adds an :class:`experiments.config.Experiment`; returns it.
+    """Adds an :class:`experiments.config.types.Experiment`; returns it.
 
     Raises:
       DuplicateName: the name is taken, naming both origins.

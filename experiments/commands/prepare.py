@@ -153,7 +153,7 @@ def beam_options(parser, extra):
 
 def _beam(args):
     """``prepare --beam``'s writer and file checker, as keyword arguments
-    for :mod:`experiments.prepare`; none without ``--beam``."""
+    for :mod:`experiments.catalog.prepare`; none without ``--beam``."""
     options = getattr(args, "beam_options", None) or []
     if not getattr(args, "beam", False):
         if options:

@@ -476,7 +476,7 @@ def run(args, known_experiments: Optional[Callable[[str], object]] = None) -> in
     """Carry out ``submit``; return the exit status (0).
 
     ``known_experiments(name)`` validates NAME (raising, or returning None, for an
-    unknown one); by default ``experiments.registry.get`` when that module exists.
+    unknown one); by default ``experiments.catalog.registry.get`` when that module exists.
     Errors propagate as package exceptions for the dispatcher to map.
     """
     if args.print_runtime:

@@ -121,7 +121,7 @@ def _train_args(args, data_dir):
 
 
 def build_config(args):
-    """The :class:`~experiments.tune_config.StudyConfig` the arguments ask for (checks
+    """The :class:`~experiments.tuning.study_config.StudyConfig` the arguments ask for (checks
     train's flags as ``train`` would, and the space against the hyperparameters
     the experiment accepts)."""
     _, config = commands.train_config(args)

@@ -2,8 +2,8 @@
 configuration in ``MODEL_DIR/config.yaml``.
 
 A config file has up to three sections named like the dataclasses:
-``data`` (:class:`~experiments.config.DataConfig`), ``train``
-(:class:`~experiments.config.TrainConfig`) and ``model`` (the experiment's
+``data`` (:class:`~experiments.config.types.DataConfig`), ``train``
+(:class:`~experiments.config.types.TrainConfig`) and ``model`` (the experiment's
 model hyperparameters), and may set ``loss``, ``best_metric`` and
 ``higher_is_better``; the output of ``show`` is a valid config file::
 
@@ -18,7 +18,7 @@ model hyperparameters), and may set ``loss``, ``best_metric`` and
 
 Precedence: the experiment's defaults < the config file < ``--hparams`` <
 flags (a flag and ``--hparams`` that disagree are refused:
-:func:`experiments.commands.check_flags_agree`). Every run writes its
+:func:`experiments.commands.common.check_flags_agree`). Every run writes its
 resolved configuration, and what the data said about itself, to
 ``MODEL_DIR/config.yaml``; a rerun on that model dir whose model or data
 settings differ is refused, naming the keys (training settings such as

@@ -4,7 +4,7 @@ An experiment is an :class:`ExperimentConfig` (what data, which model
 hyperparameters, how to train) plus a function that builds the Keras model
 from the model hyperparameters: an :class:`Experiment`. Every field has a
 docstring; ``--hparams`` and config files set fields by these names (see
-:mod:`experiments.hparams`).
+:mod:`experiments.config.hparams`).
 """
 
 import dataclasses
@@ -135,7 +135,7 @@ class Experiment:
       build_model: ``fn(hparams)`` or ``fn(hparams, data)`` -> an uncompiled
         functional Keras model whose inputs take the records' raw values
         (scaling inside the model); ``data`` is the dataset's
-        :class:`~experiments.data_info.DataInfo` (input shapes, classes).
+        :class:`~experiments.config.data_info.DataInfo` (input shapes, classes).
       metrics: ``fn()`` or ``fn(data)`` -> the Keras metrics for compile().
     """
 

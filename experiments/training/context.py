@@ -75,7 +75,7 @@ def engine_for(requested, model_dir):
 
 
 def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1):
-    """The dataset directory (see :func:`experiments.datasets.find`); a
+    """The dataset directory (see :func:`experiments.catalog.datasets.find`); a
     registered dataset is prepared first if missing (by the chief only; other
     tasks wait for its manifest)."""
     name = config.data.dataset
@@ -261,15 +261,15 @@ class RunContext:
       policy, policy_reason: the Keras mixed-precision policy the model computes
         in, and why (see :func:`estimator_keras.precision.resolve`).
       preemption_grace: seconds from SIGTERM to the end of the process.
-      data: the dataset's :class:`~experiments.data_info.DataInfo`.
+      data: the dataset's :class:`~experiments.config.data_info.DataInfo`.
       flat_export: the final export in Vertex's layout (SavedModel at the root).
       hypertune_metric: a tuning trial's metric, reported to Vertex at the end.
       evaluations: where each evaluation is recorded as it happens (an
-        :class:`experiments.evaluations.Recorder`; None: nowhere).
+        :class:`experiments.tuning.evaluations.Recorder`; None: nowhere).
       changed: the model or data settings this run changes in a model dir
-        with checkpoints (see :mod:`experiments.config_files`).
+        with checkpoints (see :mod:`experiments.config.files`).
       tracking_uri: where the chief records the run in MLflow (None: nowhere;
-        see :mod:`experiments.tracked`).
+        see :mod:`experiments.training.tracked`).
       register: the MLflow registered model the final export becomes a version of.
       order: where the training input starts, and the order the chief
         stores (an :class:`~estimator_keras.order_state.Decision`).

@@ -1,7 +1,7 @@
 """Train, evaluate and export a registered experiment: the importable logic
 of the ``train``, ``evaluate`` and ``export`` commands.
 
-:func:`train` builds a :class:`~experiments.context.RunContext` once and hands
+:func:`train` builds a :class:`~experiments.training.context.RunContext` once and hands
 it to a :class:`Runner`, which has one method per task role: the chief
 (prepares data, takes the model-dir lock, exports), a worker, the evaluator
 and a parameter server. The same code runs a local process (a chief) and
@@ -319,11 +319,11 @@ def train(experiment, config, *, model_dir, data_dir, source_dir=None, strategy=
     ``preemption_grace`` seconds and raises Preempted. ``flat_export`` writes
     the export in Vertex's layout; ``hypertune_metric`` reports that metric
     to Vertex's tuning service at the end; ``evaluations`` (an
-    :class:`experiments.evaluations.Recorder`) records each evaluation as it
+    :class:`experiments.tuning.evaluations.Recorder`) records each evaluation as it
     happens. ``track`` records the run in MLflow (a tracking URI; "": the
     default, see :func:`estimator_keras.tracking.settings.resolve`; None:
     ``EK_TRACKING_URI`` decides), and ``register`` names the registered
-    model its export becomes a version of (see :mod:`experiments.tracked`).
+    model its export becomes a version of (see :mod:`experiments.training.tracked`).
     ``restart_order``: where the settings that fix the input order changed
     since the checkpoint, start a fresh order at the next epoch boundary
     instead of refusing the run (see :mod:`estimator_keras.order_state`).
@@ -365,7 +365,7 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
 
 def export(experiment, config, *, model_dir, data_dir=None, export_dir=None, force=False):
     """Exports the latest checkpoint of ``model_dir`` with the engine that
-    continues it (see :func:`experiments.context.engine_for`), as ``train``
+    continues it (see :func:`experiments.training.context.engine_for`), as ``train``
     writes it: model.h5 (and on keras3 model.keras), weights.h5, saved_model/,
     export.json. Returns (export dir,
     whether it was written): an export of that checkpoint whose export.json

@@ -1,11 +1,11 @@
 """Local hyperparameter tuning: an Optuna study whose trials are ``train`` runs.
 
-:func:`run_study` asks the study (:mod:`experiments.studies`) for trials and
+:func:`run_study` asks the study (:mod:`experiments.tuning.studies`) for trials and
 runs each as ``python -m experiments train NAME --model-dir DIR/trial-N
 --hparams ... --evaluations-file DIR/trial-N/evaluations.jsonl`` in a process
 group of its own, at most ``parallel`` at a time. While a trial trains, each
 evaluation it records is reported to the study; when the pruner
-(:func:`experiments.search.pruner`) says so, the trial gets SIGTERM, saves its
+(:func:`estimator_keras.tuning.optuna_search.pruner`) says so, the trial gets SIGTERM, saves its
 checkpoint and is told pruned at that step (its evaluation at its last step
 is not judged: nothing is left to save). A trial is recorded by its exit: one
 that exits 0 after that SIGTERM had trained its last step and exported before
@@ -26,7 +26,7 @@ checkpoint; :class:`~estimator_keras.errors.Preempted` (exit 75) is raised.
 
 After every change the table of the whole study is written atomically to
 ``DIR/trials.json`` and ``DIR/trials.csv``; at the end the plots
-(:mod:`experiments.tune_plots`) and a copy of the best trial's export in
+(:mod:`experiments.tuning.plots`) and a copy of the best trial's export in
 ``DIR/best``.
 
 Example::

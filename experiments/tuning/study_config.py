@@ -35,8 +35,8 @@ class StudyConfig:
         ``--max-steps``...); must not hold ``--model-dir`` or ``--hparams``.
       fixed_hparams: ``--hparams`` shared by every trial (``k=v,...``); the
         space's keys must not repeat them.
-      algorithm: the sampler (:data:`experiments.search.ALGORITHMS`).
-      pruner: :data:`experiments.search.PRUNERS`.
+      algorithm: the sampler (:data:`estimator_keras.tuning.optuna_search.ALGORITHMS`).
+      pruner: :data:`estimator_keras.tuning.optuna_search.PRUNERS`.
       seed: seeds the sampler (None: Optuna's own, different in each worker;
         for qmc, one the study's name and definition give every worker).
       storage: the study's storage URL (None: ``model_dir/study.db``).
@@ -55,7 +55,7 @@ class StudyConfig:
         the same missing dataset.
       python: the interpreter that runs the trials.
       track: the MLflow tracking URI the study and its trials are recorded
-        at (None: not recorded; see :mod:`experiments.tracked_study`).
+        at (None: not recorded; see :mod:`experiments.tuning.tracked`).
       register: the MLflow registered model the best trial's export becomes
         a version of.
     """

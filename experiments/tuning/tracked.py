@@ -2,7 +2,7 @@
 
 One parent run per study, the trials' ``train`` runs nested under it
 (``mlflow.parentRunId``, set from :data:`~estimator_keras.tracking.settings.PARENT_VARIABLE`
-in each trial's environment), each recording what :mod:`experiments.tracked`
+in each trial's environment), each recording what :mod:`experiments.training.tracked`
 says. This module records, from the ``tune`` process:
 
 * on the study's run: the study's definition as parameters (experiment,
@@ -12,7 +12,7 @@ says. This module records, from the ``tune`` process:
 * on each trial's run: ``trial_number``, ``trial_state`` (succeeded, pruned,
   failed, timeout, interrupted), ``pruned_at`` and ``best_trial`` on the best one;
 * ``--register NAME``: the best trial's export as a new version of NAME
-  (after the study's run ended: as :mod:`experiments.tracked` registers).
+  (after the study's run ended: as :mod:`experiments.training.tracked` registers).
 
 The study's run id is kept in ``DIR/mlflow-run.json`` and in the Optuna study
 (``mlflow_run_id``): a resumed study, or another worker of a shared one,
@@ -33,7 +33,7 @@ once the store failed to answer, they run unnested, and training goes on."""
 
 
 class StudyTracking(tracked.RunRecord):
-    """The study's run (see :class:`experiments.tracked.RunRecord`)."""
+    """The study's run (see :class:`experiments.training.tracked.RunRecord`)."""
 
     def __init__(self, config, study, log, run_factory=mlflow_run.MlflowRun):
         self.config, self.study, self.log = config, study, log
@@ -73,7 +73,7 @@ class StudyTracking(tracked.RunRecord):
         return {settings.PARENT_VARIABLE: self.run_id} if self.run_id else {}
 
     def trial_ended(self, row, finished_count):
-        """After a trial's end (``row``: its :class:`~experiments.tune_table.Trial`)."""
+        """After a trial's end (``row``: its :class:`~experiments.tuning.table.Trial`)."""
         metric = self.config.study.metric
         tags = {"trial_number": row.trial, "trial_state": row.status}
         if row.pruned_at is not None:
