@@ -34,8 +34,8 @@ import traceback
 from estimator_keras.errors import EstimatorKerasError
 from experiments.catalog import registry
 
-BUILTIN_MODULES = ("experiments.catalog.fashion_mnist", "experiments.catalog.mnist", "experiments.catalog.shapes",
-                   "experiments.catalog.images")
+BUILTIN_MODULES = ("experiments.catalog.fashion_mnist", "experiments.catalog.mnist",
+                   "experiments.catalog.shapes", "experiments.catalog.images")
 ENTRY_POINT_GROUP = "estimator_keras.experiments"
 MODULES_VARIABLE = "EK_MODULES"
 
