@@ -19,7 +19,7 @@ from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
-from estimator_keras.engines import base, optimizers
+from estimator_keras.engines import base, optimizers, registry
 from estimator_keras.errors import ConfigError, DataError, SchemaError
 from estimator_keras.schema import feature_map
 from estimator_keras.tracking import settings as tracking_settings
@@ -321,27 +321,15 @@ class RunContext:
             raise ConfigError(f"--register {register} registers the export in MLflow's model "
                               f"registry: give --track URI (or set "
                               f"{tracking_settings.URI_VARIABLE}) too.")
-        engine_name = engine_for(engine, model_dir)
-        # A strategy the engine never runs is refused before choose_strategy
-        # asks the cluster for what that strategy needs (ps tasks...).
-        engines.check_cluster(engine_name, strategy=strategy)
-        # TF_CONFIG, or the processes an engine trains with outside TensorFlow.
-        info, group = engines.cluster_info(engine_name)
-        # Strategy first: MultiWorkerMirroredStrategy must precede any eager op.
-        gpus = strategy_lib.local_gpu_count() if strategy in ("auto", "mirrored") else 0
-        strategy_name = strategy_lib.choose_strategy(strategy, info, gpus)
-        # Before any strategy exists (one may wait for its peers); choose_strategy
-        # has already refused parameter_server without ps tasks.
-        engines.check_cluster(
-            engine_name, ps="the ps tasks in TF_CONFIG" if info.has_ps else None,
-            evaluator="an evaluator task (TF_CONFIG)" if info.is_evaluator else None,
-            workers=(f"the {info.num_workers} training tasks in TF_CONFIG"
-                     if info.num_workers > 1 else None),
-            strategy=strategy_name)
+        entry = registry.get(engine_for(engine, model_dir))
+        # The entry answers which strategy this task trains with: TF_CONFIG,
+        # or the processes the engine trains with outside TensorFlow. Strategy
+        # first: MultiWorkerMirroredStrategy must precede any eager op.
+        info, group, strategy_name = entry.choose_strategy(strategy)
         distribute = (group.distribution() if group is not None else
                       strategy_lib.make_train_distribute(strategy_name, cluster_info=info))
         # Only now: importing an engine loads Keras.
-        engine_obj = engines.get_engine(engine_name)
+        engine_obj = engines.get_engine(entry.name)
         replicas = strategy_lib.num_replicas(distribute)
         training_group = groups.of(distribute)
         backend, platform, devices = engines.backend_devices(engine_obj.name)
@@ -367,7 +355,7 @@ class RunContext:
         if seed is not None:
             tf.keras.utils.set_random_seed(seed)
         probe = experiment.make_model(config.model, data)
-        refuses = engines.registry.get(engine_obj.name).no_bfloat16
+        refuses = entry.no_bfloat16
         policy, policy_reason = precision.resolve(
             config.train.precision,
             no_bfloat16=refuses(strategy_name, probe) if refuses else "")

@@ -1,5 +1,11 @@
 """What a ``train`` run records in MLflow (``--track``), written by its chief alone.
 
+Tracking is split in two: ``estimator_keras.tracking`` is how any run
+reaches MLflow (where, through which process, within which bounds), and
+what a ``train`` or ``tune`` run records (its config, dataset and command
+line, and the versions that the engines' registry entries name) is the
+runner's, in ``experiments.training.tracked`` and ``experiments.tuning.tracked``.
+
 A run's record (see :class:`TrainTracking`):
 
 * parameters: every field of the resolved config (``data.``, ``train.``,
@@ -38,7 +44,7 @@ import time
 
 import estimator_keras
 from estimator_keras import io, manifest
-from estimator_keras.engines import keras_setup
+from estimator_keras.engines import registry
 from estimator_keras.errors import Preempted
 from estimator_keras.tracking import mlflow_run, settings
 
@@ -85,13 +91,11 @@ def schema_digest(found_manifest):
 
 
 def versions():
-    """Tags ``version.NAME``: the installed TensorFlow, Keras, tf-keras and
-    JAX, those of them that are installed."""
-    found = {"version.tensorflow": keras_setup.tensorflow_installed_version(),
-             "version.keras": keras_setup.installed_version("keras"),
-             "version.tf_keras": keras_setup.installed_version("tf-keras"),
-             "version.jax": keras_setup.installed_version("jax")}
-    return {tag: version for tag, version in found.items() if version}
+    """Tags ``version.NAME``: the installed versions of what the engines
+    train with (TensorFlow, Keras, tf-keras, JAX), as their registry
+    entries name it."""
+    return {f"version.{name}": version
+            for name, version in registry.installed_versions().items()}
 
 
 def git_commit(root=ROOT):

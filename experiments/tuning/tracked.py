@@ -1,5 +1,11 @@
 """What a ``tune`` study records in MLflow (``tune ... --track``).
 
+Tracking is split in two: ``estimator_keras.tracking`` is how any run
+reaches MLflow (where, through which process, within which bounds), and
+what a ``train`` or ``tune`` run records (its config, dataset and command
+line, and the versions that the engines' registry entries name) is the
+runner's, in ``experiments.training.tracked`` and ``experiments.tuning.tracked``.
+
 One parent run per study, the trials' ``train`` runs nested under it
 (``mlflow.parentRunId``, set from :data:`~estimator_keras.tracking.settings.PARENT_VARIABLE`
 in each trial's environment), each recording what :mod:`experiments.training.tracked`
