@@ -202,7 +202,10 @@ def _project(spec, args, clock):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from estimator_keras import precision  # pylint: disable=import-outside-toplevel
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
-    from experiments import catalog, context, hparams, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
+    from experiments.config import hparams  # pylint: disable=import-outside-toplevel
+    from experiments.training import context  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     engine = engines.get_engine(engine_name)
@@ -257,7 +260,8 @@ def _keras_numpy(spec, args, clock):
     engines.prepare_keras("keras3" if spec.get("keras3") else "auto")
     common.quiet_tensorflow()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     arrays = np.load(args.arrays)

@@ -366,7 +366,8 @@ def run(settings, path=None, steps=None, runs=None, knobs=True):
     (300 with --quick), ``runs`` to :data:`accuracy_runs.DEFAULT_RUNS`."""
     os.environ.setdefault("TF_XLA_FLAGS", XLA_FLAGS)
     common.quiet_tensorflow()
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     path = path or common.dataset_path(settings)

@@ -62,7 +62,7 @@ def child_main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # TensorFlow's import (and Beam's, below) is not what the table times.
     importlib.import_module("tensorflow")
-    from experiments import prepare  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import prepare  # pylint: disable=import-outside-toplevel
     extra = {}
     if job["beam"]:
         import functools  # pylint: disable=import-outside-toplevel

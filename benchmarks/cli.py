@@ -31,7 +31,7 @@ from importlib import metadata
 
 from benchmarks import accuracy_runs, common, output, plots, rounds
 from estimator_keras import engines
-from experiments import parsing
+from experiments.config import parsing
 
 # name -> (module, the environment it runs in: "estimator", "keras" or "any").
 TABLES = {

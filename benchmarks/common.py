@@ -111,7 +111,8 @@ def dataset_path(settings):
     if os.path.exists(manifest.manifest_path(base)):
         path = base
     else:
-        from experiments import catalog, datasets, prepare  # pylint: disable=import-outside-toplevel
+        from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+        from experiments.catalog import datasets, prepare  # pylint: disable=import-outside-toplevel
         catalog.load()
         path = datasets.dataset_dir(base, DATASET_NAME)
         if not datasets.is_prepared(base, DATASET_NAME):

@@ -304,7 +304,7 @@ def write_probe_data(data_dir, n=256):
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     from estimator_keras.records import write_dataset  # pylint: disable=import-outside-toplevel
-    from experiments.fashion_mnist import CLASS_NAMES  # pylint: disable=import-outside-toplevel
+    from experiments.catalog.fashion_mnist import CLASS_NAMES  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
     splits = {split: {"image": rng.integers(0, 256, (n, 28, 28, 1), dtype=np.uint8),

@@ -65,7 +65,8 @@ BEST_THRESHOLD = 1 / 1.10
 
 
 def experiment(model_name):
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     return registry.get(EXPERIMENTS[model_name])
@@ -185,7 +186,7 @@ def engine_window(engine, model_name, path, batch_size, steps, model_dir):
     over the train split (:func:`first_pass_steps`), then ``3 * steps``
     steps; returns (steps, seconds) of :func:`middle_window`."""
     from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
-    from experiments import context  # pylint: disable=import-outside-toplevel
+    from experiments.training import context  # pylint: disable=import-outside-toplevel
 
     # Whole calls only: a run that ends between two multiples of the call
     # length ends in shorter calls, whose function is traced at its first
@@ -232,7 +233,7 @@ class EngineFitVariant(training_table._StepWindow):  # pylint: disable=protected
     def build(self):
         from estimator_keras.engines import base  # pylint: disable=import-outside-toplevel
         from estimator_keras.engines.keras import engine as keras_engine  # pylint: disable=import-outside-toplevel
-        from experiments import context  # pylint: disable=import-outside-toplevel
+        from experiments.training import context  # pylint: disable=import-outside-toplevel
 
         exp = experiment(self.model_name)
         self.model = keras_engine.compile_for_keras(

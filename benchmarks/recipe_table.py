@@ -77,7 +77,8 @@ def pair_targets(pairs):
 
 def run(settings):
     common.quiet_tensorflow()
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     path = common.dataset_path(settings)

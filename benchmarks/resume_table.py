@@ -135,7 +135,7 @@ class _Training(common.Variant):
         self._model = self._data = None
 
     def build(self):
-        from experiments import models  # pylint: disable=import-outside-toplevel
+        from experiments.catalog import models  # pylint: disable=import-outside-toplevel
 
         self._model = models.seed_mlp({"units": 128, "num_classes": 10})
         self._model.compile("adam", "sparse_categorical_crossentropy")

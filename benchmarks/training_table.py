@@ -39,7 +39,7 @@ THREADS = [("inter=1,intra=2", 1, 2), ("inter=2,intra=1", 2, 1), ("inter=1,intra
 
 
 def build_fn(model_name):
-    from experiments import models  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import models  # pylint: disable=import-outside-toplevel
     return getattr(models, model_name)
 
 

@@ -102,8 +102,9 @@ def keras_tuner_study():
     tf = common.quiet_tensorflow()
     import keras  # pylint: disable=import-outside-toplevel
     import keras_tuner as kt  # pylint: disable=import-outside-toplevel
-    from experiments import data_info, models  # pylint: disable=import-outside-toplevel
     from estimator_keras import manifest  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import models  # pylint: disable=import-outside-toplevel
+    from experiments.config import data_info  # pylint: disable=import-outside-toplevel
 
     x_train, y_train = common.load_arrays(path, "train")
     x_test, y_test = common.load_arrays(path, "test")
@@ -174,7 +175,8 @@ def keras_tuner_study():
 
 
 def _data_config():
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
     catalog.load()
     return registry.get("fashion_mnist_mlp").config.data
 

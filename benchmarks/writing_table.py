@@ -83,7 +83,8 @@ def child_main(argv=None):
             {"train": GeneratedSource(job["n"])}, job["out"], num_shards=NUM_SHARDS,
             num_workers=job["workers"], progress=False, seed=0)
     else:
-        from experiments import catalog, prepare  # pylint: disable=import-outside-toplevel
+        from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+        from experiments.catalog import prepare  # pylint: disable=import-outside-toplevel
         catalog.load()
         out = prepare.prepare("fashion_mnist", job["out"], num_workers=job["workers"],
                               force=True, progress=False)

@@ -18,8 +18,18 @@ from estimator_keras import engines, memory
 from estimator_keras.distribute import preemption
 from estimator_keras.engines import keras_setup
 from estimator_keras.errors import EstimatorKerasError, Preempted, UsageError
-from experiments import (catalog, cluster_cmd, commands, parsing, prepare_cmd, submit, train_flags,
-                         tune_cmd)
+from experiments.catalog import loading as catalog
+from experiments.commands import cluster as cluster_cmd
+from experiments.commands import common as commands
+from experiments.commands import evaluate as evaluate_cmd
+from experiments.commands import export as export_cmd
+from experiments.commands import prepare as prepare_cmd
+from experiments.commands import show as show_cmd
+from experiments.commands import submit
+from experiments.commands import train as train_cmd
+from experiments.commands import tune as tune_cmd
+from experiments.config import flags as train_flags
+from experiments.config import parsing
 
 logger = logging.getLogger("experiments")
 
@@ -98,9 +108,9 @@ def _merge_global_flags(args):
     args.modules = list(args.modules or []) + list(getattr(args, "modules_after", None) or [])
 
 
-COMMANDS = {"list": commands.cmd_list, "prepare": prepare_cmd.run, "inspect": commands.cmd_inspect,
-            "train": commands.cmd_train, "evaluate": commands.cmd_evaluate,
-            "export": commands.cmd_export, "show": commands.cmd_show}
+COMMANDS = {"list": show_cmd.cmd_list, "prepare": prepare_cmd.run, "inspect": show_cmd.cmd_inspect,
+            "train": train_cmd.run, "evaluate": evaluate_cmd.run,
+            "export": export_cmd.run, "show": show_cmd.cmd_show}
 
 
 def _setup_logging(verbose):
@@ -172,7 +182,7 @@ def main(argv=None):
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "train" and args.tuning_trial:
         try:
-            found = commands.trial_hparams(extra)
+            found = train_cmd.trial_hparams(extra)
         except UsageError as e:
             parser.error(str(e))
         args.hparams = ",".join(filter(None, (args.hparams, found)))

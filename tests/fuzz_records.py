@@ -46,13 +46,15 @@ import tensorflow as tf  # noqa: E402
 
 from estimator_keras import inputs, manifest as manifest_lib, records, verify  # noqa: E402
 from estimator_keras.errors import DataError, EstimatorKerasError  # noqa: E402
-from experiments import catalog, hparams, registry  # noqa: E402
+from experiments.catalog import loading as catalog  # noqa: E402
+from experiments.catalog import registry  # noqa: E402
+from experiments.config import hparams  # noqa: E402
 
 
 def _parse_config_file(text, _state={}):  # pylint: disable=dangerous-default-value
     """``--config``: the file's text through config_files.load and .apply on
     fashion_mnist_cnn's config."""
-    from experiments import config_files  # pylint: disable=import-outside-toplevel
+    from experiments.config import files as config_files  # pylint: disable=import-outside-toplevel
     if "path" not in _state:
         _state["path"] = os.path.join(tempfile.mkdtemp(), "config.yaml")
         _state["config"] = _hparam_keys()[0]

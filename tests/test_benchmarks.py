@@ -250,7 +250,7 @@ def test_accuracy_table_on_tiny_data(tiny, settings):
         assert row["curve"] and 0.0 <= row["final_accuracy"] <= 1.0 and row["wall_s"] > 0
         times = [c["active_s"] for c in row["curve"]]
         assert times == sorted(times)
-    from experiments import registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
     train = registry.get("fashion_mnist_cnn").config.train
     # The experiment's share of evaluations, over 6 steps.
     every = max(1, round(6 * train.eval_every_steps / train.max_steps))

@@ -7,8 +7,9 @@ import pytest
 
 from estimator_keras.distribute import tf_config
 from estimator_keras.engines import base
-from experiments import catalog, registry
-from experiments.context import RunContext
+from experiments.catalog import loading as catalog
+from experiments.catalog import registry
+from experiments.training.context import RunContext
 
 
 def _context(task_type):

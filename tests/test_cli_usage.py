@@ -11,7 +11,11 @@ import pytest
 
 from estimator_keras.errors import UsageError
 from estimator_keras.manifest import load_manifest
-from experiments import catalog, cli, cluster_cmd, config_files, datasets
+from experiments import cli
+from experiments.catalog import loading as catalog
+from experiments.catalog import datasets
+from experiments.commands import cluster as cluster_cmd
+from experiments.config import files as config_files
 from support import FASHION, ROOT
 
 
@@ -95,7 +99,7 @@ def test_a_folder_given_as_dataset_gets_a_name_to_prepare_it_under(tmp_path):
     # A plain name keeps its name; one of a registered dataset gets a prefix.
     with pytest.raises(UsageError, match="--source-dir DIR --name flowers --data-dir"):
         datasets.find("flowers", data_dir)
-    from experiments import prepare  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import prepare  # pylint: disable=import-outside-toplevel
     for path, name in (("/data/mnist/", "my_mnist"), ("/x/.hidden-", "hidden"),
                        ("/x/~~~", "my_data"), ("images", "my_images")):
         assert datasets.suggested_name(path) == name
@@ -127,7 +131,7 @@ def test_a_model_dir_of_another_run_is_refused_in_three_lines(tmp_path, capsys):
 def test_prepare_sizes_its_default_shard_count_from_the_data(tmp_path):
     if not os.path.isdir(FASHION):
         pytest.skip("dataset-fashion-mnist is not installed (CI installs it)")
-    from experiments import prepare  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import prepare  # pylint: disable=import-outside-toplevel
     catalog.load()
 
     def shards(max_examples, **kwargs):

@@ -16,7 +16,7 @@ import yaml
 from estimator_keras.cloud import backends, jobenv, packaging, submission, tfjob, vertex
 from estimator_keras.cloud.spec import JobSpec, parse_accelerator
 from estimator_keras.errors import CloudError, ConfigError, UsageError
-from experiments import submit as submit_cmd
+from experiments.commands import submit as submit_cmd
 
 GPU_IMAGE = "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-15.py310:latest"
 CPU_IMAGE = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-15.py310:latest"

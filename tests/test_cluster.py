@@ -25,7 +25,7 @@ from estimator_keras.distribute.strategy import (choose_strategy, global_batch_s
                                                  make_train_distribute, num_replicas)
 from estimator_keras.distribute.tf_config import ClusterInfo, build_tf_config, parse_tf_config
 from estimator_keras.errors import ClusterConfigError, ConfigError, UsageError
-from experiments import cluster_cmd
+from experiments.commands import cluster as cluster_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

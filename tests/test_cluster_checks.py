@@ -14,9 +14,12 @@ import textwrap
 import pytest
 
 from support import ROOT, child_env
-from estimator_keras.errors import ConfigError, UsageError
 from estimator_keras import engines
-from experiments import catalog, cli, cluster_cmd, registry
+from estimator_keras.errors import ConfigError, UsageError
+from experiments import cli
+from experiments.catalog import loading as catalog
+from experiments.catalog import registry
+from experiments.commands import cluster as cluster_cmd
 
 
 def run_cluster(tmp_path, *args):
@@ -135,7 +138,7 @@ def _help_texts():
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     for name, subparser in sub.choices.items():
         texts[f"{name} --help"] = subparser.format_help()
-    modules = ["cli.py", "submit.py"] + [f"{name}_cmd.py" for name in sub.choices]
+    modules = ["cli.py"] + [f"commands/{name}.py" for name in sub.choices]
     for module in modules:
         path = os.path.join(ROOT, "experiments", module)
         if os.path.exists(path):
@@ -151,7 +154,7 @@ HELP_EXAMPLE_CASES = len(EXAMPLES)
 
 def test_help_shows_examples_of_cluster_and_submit():
     places = {where for where, _ in EXAMPLES}
-    assert {"cluster --help", "experiments/cluster_cmd.py"} <= places
+    assert {"cluster --help", "experiments/commands/cluster.py"} <= places
     assert any(e.startswith("python -m experiments submit ") for _, e in EXAMPLES)
 
 

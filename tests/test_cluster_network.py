@@ -318,7 +318,7 @@ def test_a_real_cluster_trains_while_its_ports_are_unreachable(fashion_data, tmp
 
 
 def test_cli_network_flag_and_remote_paths(monkeypatch, tmp_path, caplog):
-    from experiments import cluster_cmd  # pylint: disable=import-outside-toplevel
+    from experiments.commands import cluster as cluster_cmd  # pylint: disable=import-outside-toplevel
     calls = []
 
     def fake_launch(command, **kwargs):

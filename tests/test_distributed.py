@@ -20,8 +20,8 @@ import pytest
 
 from estimator_keras import engines, inputs, records
 from estimator_keras.distribute.tf_config import ClusterInfo
-from experiments import config as config_lib
-from experiments import context as context_lib
+from experiments.config import types as config_lib
+from experiments.training import context as context_lib
 from support import ROOT, child_env, fresh_python
 
 pytestmark = pytest.mark.slow

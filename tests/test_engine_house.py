@@ -287,3 +287,66 @@ def test_no_module_outside_an_engines_folder_chooses_by_an_engine_or_backend_nam
                   for line, what in name_choices(source, path, constants)]
     assert not found, ("these modules decide by an engine's or a backend's name: ask "
                        "estimator_keras.engines.registry instead:\n" + "\n".join(found))
+
+
+def engines_imports(source):
+    """The lines of ``source`` that import anything of ``estimator_keras.engines``
+    (its shared module, the registry or an engine), at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        if any(name == "estimator_keras.engines" or name.startswith("estimator_keras.engines.")
+               for name in names):
+            found.append(node.lineno)
+    return found
+
+
+@pytest.mark.parametrize("source, lines", [
+    ("from estimator_keras import engines\n", [1]),
+    ("def f():\n    from estimator_keras.engines import registry\n", [2]),
+    ("import estimator_keras.engines.keras_setup as ks\n", [1]),
+    ("from estimator_keras.distribute import tf_config\nimport estimator_keras\n", []),
+])
+def test_the_engines_import_scan_finds_each_form(source, lines):
+    assert engines_imports(source) == lines
+
+
+def test_distribute_imports_nothing_of_the_engines():
+    # The engine's registry entry asks distribute/ which strategy a task
+    # trains with; distribute/ never asks the engines back.
+    paths = sorted(glob.glob(os.path.join(ROOT, "estimator_keras", "distribute", "*.py")))
+    assert len(paths) > 5, paths
+    found = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            found += [f"{os.path.relpath(path, ROOT)}:{line}"
+                      for line in engines_imports(f.read())]
+    assert not found, "distribute/ imports the engines:\n" + "\n".join(found)
+
+
+def test_tracked_runs_take_versions_from_the_registry_entries():
+    for path in ("experiments/training/tracked.py", "experiments/tuning/tracked.py"):
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        taken = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 and node.module == "estimator_keras.engines" for alias in node.names}
+        assert taken <= {"registry"}, (path, taken)
+    from experiments.training import tracked
+    probe = registry.Entry(
+        name="probe", engine="x:Y", summary="", status=lambda tf: (False, ""), keras=2,
+        cluster=registry.Cluster(("chief",), ("none",)), packages=(("probe_pkg", ("pytest",)),))
+    assert "version.probe_pkg" not in tracked.versions()
+    registry.register(probe)
+    try:
+        found = tracked.versions()
+    finally:
+        registry.unregister("probe")
+    assert found["version.probe_pkg"] == pytest.__version__
+    assert found == {f"version.{name}": version
+                     for name, version in registry.installed_versions().items()} | {
+        "version.probe_pkg": pytest.__version__}

@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from estimator_keras.cloud import space as space_lib
 from estimator_keras.errors import ConfigError
+from estimator_keras.tuning import space as space_lib
 from experiments import cli
 from docs_pages import DOC_PATHS, TITLE
 from support import ROOT, child_env

@@ -442,7 +442,9 @@ def test_cache_option_values_are_checked():
 
 
 def test_cache_hparams_parse():
-    from experiments import catalog, hparams, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
+    from experiments.config import hparams  # pylint: disable=import-outside-toplevel
     catalog.load()
     config = registry.get("fashion_mnist_mlp").config
     assert config.data.cache == "auto" and config.data.cache_budget_mb is None

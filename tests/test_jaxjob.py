@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from estimator_keras.cloud import jaxjob, tfjob, vertex
-from estimator_keras.cloud.space import Study, parse_space
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import ConfigError
+from estimator_keras.tuning.space import Study, parse_space
 from experiments import cli
 
 IMAGE = "us-docker.pkg.dev/my-project/ml/estimator-keras:keras3"

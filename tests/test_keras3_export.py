@@ -17,7 +17,7 @@ from support import NO_PACKAGE
 
 pytestmark = pytest.mark.slow
 
-# Builders of experiments/models.py: a plain stack, batch normalization
+# Builders of experiments/catalog/models.py: a plain stack, batch normalization
 # (non-trainable weights), and a U-Net (branches, Conv2DTranspose).
 _COMMON = textwrap.dedent("""
     import json, os, sys, types
@@ -118,9 +118,9 @@ _TRAIN_AND_EXPORT = textwrap.dedent("""
     import numpy as np
     import keras
     import tensorflow as tf
-    from experiments import models
     from estimator_keras.engines.keras3 import export as keras3_export
     from estimator_keras.schema import FeatureSpec
+    from experiments import models
 
     out = sys.argv[1]
     keras.utils.set_random_seed(3)

@@ -81,7 +81,8 @@ def test_export_loads_in_plain_keras_in_a_fresh_process(keras_run, tmp_path):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from estimator_keras import checkpoints  # pylint: disable=import-outside-toplevel
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     exp = registry.get("fashion_mnist_cnn")
@@ -250,8 +251,9 @@ def test_weights_h5_move_between_the_engines_models(fashion_data, keras_run, tmp
 
     from estimator_keras.engines.estimator.engine import compile_for_estimator  # pylint: disable=import-outside-toplevel
     from estimator_keras.engines.keras.engine import compile_for_keras  # pylint: disable=import-outside-toplevel
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
-    from experiments.context import experiment_plan  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
+    from experiments.training.context import experiment_plan  # pylint: disable=import-outside-toplevel
 
     estimator_dir = tmp_path / "estimator"
     rc, _, err = _train(fashion_data, estimator_dir, "--max-steps", 30, "--eval-every", 30,

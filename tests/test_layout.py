@@ -26,18 +26,19 @@ TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
            "estimator_keras.cloud.spec", "estimator_keras.cloud.vertex",
            "estimator_keras.cloud.tfjob", "estimator_keras.cloud.jaxjob",
            "estimator_keras.cloud.jobenv",
-           "estimator_keras.cloud.space", "estimator_keras.cloud.hypertune",
+           "estimator_keras.tuning", "estimator_keras.tuning.space",
+           "estimator_keras.tuning.optuna_search", "estimator_keras.cloud.hypertune",
            "estimator_keras.cloud.trainjob_status",
            "estimator_keras.cloud.trainjob", "estimator_keras.cloud.targets",
            "estimator_keras.distribute.trainjob_pods", "estimator_keras.tracking",
            "estimator_keras.tracking.settings", "estimator_keras.tracking.mlflow_run",
            "estimator_keras.tracking.sender",
-           "experiments.tracked", "experiments.tracked_study",
-           "experiments", "experiments.cli", "experiments.commands", "experiments.registry",
-           "experiments.catalog", "experiments.config", "experiments.config_files",
-           "experiments.data_info", "experiments.hparams", "experiments.datasets",
-           "experiments.prepare_cmd", "experiments.tune", "experiments.tune_cmd",
-           "experiments.submit", "experiments.cluster_cmd")
+           "experiments.training.tracked", "experiments.tuning.tracked",
+           "experiments", "experiments.cli", "experiments.commands.common", "experiments.catalog.registry",
+           "experiments.catalog.loading", "experiments.config.types", "experiments.config.files",
+           "experiments.config.data_info", "experiments.config.hparams", "experiments.catalog.datasets",
+           "experiments.commands.prepare", "experiments.tuning.runner", "experiments.commands.tune",
+           "experiments.commands.submit", "experiments.commands.cluster")
 MAX_LINES = 600
 
 
@@ -46,7 +47,7 @@ def test_light_modules_do_not_import_tensorflow():
     code = ("import importlib, sys\n"
             f"for name in {TF_FREE!r}:\n"
             "    importlib.import_module(name)\n"
-            "from experiments import catalog\n"
+            "from experiments.catalog import loading as catalog\n"
             "catalog.load()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'keras', 'tf_keras', 'mlflow')))\n")
@@ -125,7 +126,9 @@ def test_paths_are_joined_by_io_only():
 def test_each_helper_has_one_copy():
     from estimator_keras import schema  # pylint: disable=import-outside-toplevel
     from estimator_keras.distribute import launcher  # pylint: disable=import-outside-toplevel
-    from experiments import commands, prepare_cmd, tune  # pylint: disable=import-outside-toplevel
+    from experiments.commands import common as commands  # pylint: disable=import-outside-toplevel
+    from experiments.commands import prepare as prepare_cmd  # pylint: disable=import-outside-toplevel
+    from experiments.tuning import runner as tune  # pylint: disable=import-outside-toplevel
 
     assert tune.signal_group is launcher.signal_group
     assert prepare_cmd.data_dir is commands.data_dir
@@ -140,6 +143,61 @@ def test_no_module_is_too_long():
     long = {m: n for m, p in _modules(PACKAGES + ("benchmarks",))
             if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+# experiments/: the face at the top, its rooms below, each importing only the
+# rooms under it (the first imports none of the others).
+FACE = {"__init__.py", "__main__.py", "cli.py"}
+ROOMS = ("config", "catalog", "training", "tuning", "commands")
+
+
+def test_the_top_of_experiments_holds_only_the_face():
+    top = {name for name in os.listdir(os.path.join(ROOT, "experiments"))
+           if name != "__pycache__"}
+    assert top == FACE | set(ROOMS), sorted(top - FACE - set(ROOMS))
+
+
+def _experiments_imports(tree):
+    """The modules of experiments/ that a module's syntax tree imports."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "experiments")
+        elif (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+              and node.module.split(".")[0] == "experiments"):
+            found.update(f"{node.module}.{a.name}" if node.module == "experiments"
+                         else node.module for a in node.names)
+    return found
+
+
+def _runs_up(room, names):
+    """Those of ``names`` that a module of ``room`` may not import: the face
+    (``experiments`` itself among them) or a room above its own."""
+    def above(name):
+        target = (name.split(".") + [""])[1]
+        return target not in ROOMS or ROOMS.index(target) > ROOMS.index(room)
+    return sorted(name for name in names if above(name))
+
+
+def test_no_import_runs_from_a_room_back_up():
+    up, rooms = [], set()
+    for module, path in _modules(("experiments",)):
+        room = (module.split(".") + [""])[1]
+        if room in ROOMS:
+            rooms.add(room)
+            names = _experiments_imports(ast.parse(open(path, encoding="utf-8").read()))
+            up += [f"{module} imports {name}" for name in _runs_up(room, names)]
+    assert rooms == set(ROOMS), rooms
+    assert not up, "imports that run up, to the face or a higher room:\n" + "\n".join(up)
+
+
+def test_the_room_guard_finds_an_import_that_runs_up():
+    source = ("import experiments.cli\nfrom experiments import DataConfig\n"
+              "from experiments.commands import train\nfrom experiments.config import types\n"
+              "from experiments.catalog.registry import register\n")
+    names = _experiments_imports(ast.parse(source))
+    assert _runs_up("catalog", names) == ["experiments.DataConfig", "experiments.cli",
+                                          "experiments.commands"]
 
 
 @pytest.mark.slow

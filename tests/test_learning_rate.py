@@ -4,7 +4,10 @@ import pytest
 
 from estimator_keras.engines import optimizers
 from estimator_keras.errors import ConfigError
-from experiments import catalog, config, hparams, registry
+from experiments.catalog import loading as catalog
+from experiments.catalog import registry
+from experiments.config import types as config
+from experiments.config import hparams
 
 
 def test_constant_is_the_number_and_cosine_falls_to_a_tenth_at_max_steps():
@@ -32,7 +35,7 @@ def test_an_unknown_decay_is_refused_with_the_choices():
 
 
 def test_the_experiment_plan_carries_the_decay_over_max_steps():
-    from experiments import context  # pylint: disable=import-outside-toplevel
+    from experiments.training import context  # pylint: disable=import-outside-toplevel
 
     catalog.load()
     exp = registry.get("fashion_mnist_mlp")

@@ -14,7 +14,8 @@ import tensorflow as tf
 
 from estimator_keras import losses
 from estimator_keras.errors import ConfigError
-from experiments import DataConfig, ExperimentConfig, config_files
+from experiments import DataConfig, ExperimentConfig
+from experiments.config import files as config_files
 from docs_pages import readme_block
 from support import child_env, cli, fresh_python, latest_step
 

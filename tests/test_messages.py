@@ -15,7 +15,8 @@ from estimator_keras.distribute.tf_config import parse_tf_config
 from estimator_keras.engines import keras_setup, registry
 from estimator_keras.engines.keras3 import advice
 from estimator_keras.errors import ConfigError
-from experiments import ExperimentConfig, context
+from experiments import ExperimentConfig
+from experiments.training import context
 from support import ROOT, cli, child_env, keras3_installed
 
 needs_keras3 = pytest.mark.skipif(not keras3_installed(),

@@ -23,7 +23,11 @@ from estimator_keras.engines import model_dirs
 from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ModelDirError, UsageError
 from estimator_keras.modeldir import ModelDirLock
-from experiments import cli, commands, config_files, hparams, registry
+from experiments import cli
+from experiments.catalog import registry
+from experiments.commands import common as commands
+from experiments.config import files as config_files
+from experiments.config import hparams
 from keras_envs import interpreter
 from support import ROOT, checkpoint_name, cli as run_cli, keras3_installed, latest_step
 

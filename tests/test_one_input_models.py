@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from estimator_keras import engines, model_inputs, records
 from estimator_keras.errors import SchemaError
-from experiments import DataConfig, ExperimentConfig, context
+from experiments import DataConfig, ExperimentConfig
+from experiments.training import context
 from docs_pages import readme_block
 from support import KERAS3_BACKENDS, cli, child_env, export_model_file, fresh_python
 

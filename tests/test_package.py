@@ -13,8 +13,8 @@ import tarfile
 import pytest
 
 from estimator_keras.cloud import packaging, vertex
-from estimator_keras.cloud import space as space_lib
 from estimator_keras.cloud.spec import JobSpec
+from estimator_keras.tuning import space as space_lib
 from support import ROOT, assert_vertex_layout, cli, session_hparams, vertex_env
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def test_sdist_installs_offline_and_runs(fashion_data, tmp_path):
     with tarfile.open(sdist) as tar:
         names = tar.getnames()
     for module in ("estimator_keras/records.py", "estimator_keras/inputs.py",
-                   "experiments/__main__.py", "experiments/fashion_mnist.py", "setup.py"):
+                   "experiments/__main__.py", "experiments/catalog/fashion_mnist.py", "setup.py"):
         assert any(n.endswith(module) for n in names), module
 
     venv = tmp_path / "venv"

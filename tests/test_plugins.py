@@ -17,7 +17,8 @@ import yaml
 from estimator_keras.cloud import backends, packaging, submission, vertex
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError, UsageError
-from experiments import cli, submit
+from experiments import cli
+from experiments.commands import submit
 from plugin_support import (DATASET, DISTRIBUTION, ENTRY_POINT, EXPERIMENT, MODULE,
                             install_offline, plugin_env, read_export, run_cli, write_package)
 
@@ -479,7 +480,7 @@ def test_plugins_are_found_where_entry_points_come_as_a_dict(monkeypatch):
     # Python 3.9's importlib.metadata: entry_points() takes no group and
     # returns {group: [EntryPoint]}, whose entries have no .dist.
     import importlib.metadata  # pylint: disable=import-outside-toplevel
-    from experiments import catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
 
     ours, theirs = object(), object()
     monkeypatch.setattr(importlib.metadata, "entry_points",

@@ -9,7 +9,8 @@ import tempfile
 import mock
 import pytest
 
-from experiments import cli, cluster_cmd
+from experiments import cli
+from experiments.commands import cluster as cluster_cmd
 from plugin_support import DATASET, EXPERIMENT, MODULE, read_export, run_cli, write_package
 
 

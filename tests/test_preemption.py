@@ -112,8 +112,9 @@ def test_a_resumed_run_continues_the_batches_of_a_run_never_stopped(fashion_data
     """Two fresh runs with one seed see the same batches; a run resumed at
     step 700 starts with the batch a run never stopped trains step 700 on,
     with the same seed."""
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
-    from experiments.context import RunContext  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
+    from experiments.training.context import RunContext  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     catalog.load()

@@ -124,7 +124,9 @@ def test_without_beam_the_command_names_the_extra(tmp_path):
 
 
 def test_the_cli_loads_beam_only_for_beam():
-    code = ("import sys\nfrom experiments import cli, prepare_cmd, prepare\n"
+    code = ("import sys\nfrom experiments import cli\n"
+            "from experiments.commands import prepare as prepare_cmd\n"
+            "from experiments.catalog import prepare\n"
             "cli.build_parser().parse_args(['prepare', 'images', '--name', 'x'])\n"
             "print('apache_beam' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(),

@@ -14,7 +14,7 @@ import pytest
 
 from estimator_keras.errors import DataError, UsageError
 from estimator_keras.sources import DEBIAN_FASHION_MNIST_DIR, layouts, tfrecords
-from experiments import prepare_cmd
+from experiments.commands import prepare as prepare_cmd
 
 import user_data as ud
 
@@ -378,8 +378,8 @@ def test_a_registered_dataset_of_arrays_gets_the_shards_asked_for(tmp_path):
     """Splits given as dicts of arrays count their examples, not their
     features, when the shard count is capped at the examples."""
     from estimator_keras.manifest import load_manifest  # pylint: disable=import-outside-toplevel
-    from experiments import prepare as prepare_lib  # pylint: disable=import-outside-toplevel
-    from experiments import registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import prepare as prepare_lib  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
     rng = np.random.default_rng(0)
 
     def splits(source_dir=None, download_dir=None):

@@ -1,5 +1,5 @@
 """`submit` takes every flag of `train` and hands each to the job's `train`
-(one list of train's flags: experiments/train_flags.py). No network, no cloud."""
+(one list of train's flags: experiments/config/flags.py). No network, no cloud."""
 
 import json
 

@@ -18,7 +18,9 @@ import pytest
 
 from estimator_keras.errors import ConfigError, UsageError
 from estimator_keras.tracking import mlflow_run, sender, settings
-from experiments import cluster_cmd, submit, train_flags
+from experiments.commands import cluster as cluster_cmd
+from experiments.commands import submit
+from experiments.config import flags as train_flags
 from mlflow_server import MlflowServer, free_port
 from support import ROOT, child_env, kill_group
 import keras_envs
@@ -189,7 +191,7 @@ def test_a_cluster_that_tracks_to_a_server_uses_the_host_network(caplog):
 
 def test_the_command_and_the_commit_tags(tmp_path):
     # pylint: disable-next=import-outside-toplevel
-    from experiments import tracked
+    from experiments.training import tracked
     cli_tags = tracked.base_tags([os.path.join(ROOT, "experiments", "__main__.py"), "train",
                                   MLP, "--hparams", "units=64,dropout=0.2 "])
     assert cli_tags["command"] == (f"python -m experiments train {MLP} "
@@ -443,8 +445,9 @@ def test_a_study_is_a_parent_run_with_a_nested_run_per_trial(server, fashion_dat
                                                              monkeypatch):
     # pylint: disable=import-outside-toplevel  (Optuna: the tune extra)
     pytest.importorskip("optuna")
-    from estimator_keras.cloud import space as space_lib
-    from experiments import search, tune
+    from estimator_keras.tuning import space as space_lib
+    from estimator_keras.tuning import optuna_search as search
+    from experiments.tuning import runner as tune
     python, env = keras_envs.interpreter("keras")
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from estimator_keras.tracking import mlflow_run, settings
-from experiments import tracked
+from experiments.training import tracked
 from mlflow_server import MlflowServer, Relay, Silent
 from support import ROOT, child_env, kill_group
 

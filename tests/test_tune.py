@@ -19,11 +19,12 @@ import pytest
 import yaml
 
 from estimator_keras.cloud import backends, hypertune, packaging, submission, vertex
-from estimator_keras.cloud import space as space_lib
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError, Preempted, UsageError
-from experiments import submit as submit_cmd
-from experiments import tune, tune_cmd
+from estimator_keras.tuning import space as space_lib
+from experiments.commands import submit as submit_cmd
+from experiments.commands import tune as tune_cmd
+from experiments.tuning import runner as tune
 from support import ROOT, child_env, cli, sample_flag_value
 from tune_trainer import fake_python  # pylint: disable=unused-import
 
@@ -549,8 +550,8 @@ def test_pruned_trials_stop_at_an_evaluation_and_say_where(tmp_path, fake_python
 WORKER = """\
 import json, sys
 sys.path.insert(0, %(root)r)
-from estimator_keras.cloud import space as space_lib
 from estimator_keras.errors import Preempted
+from estimator_keras.tuning import space as space_lib
 from experiments import tune
 space = space_lib.load_space(%(space)r)
 study = space_lib.Study(space, metric="accuracy", goal="max", max_trials=%(trials)d,
@@ -767,7 +768,7 @@ def _tune_command(*args):
         pass
     driver = ("import argparse, sys\n"
               "from estimator_keras.errors import EstimatorKerasError, Preempted\n"
-              "from experiments import tune_cmd\n"
+              "from experiments.commands import tune as tune_cmd\n"
               "p = argparse.ArgumentParser(prog='experiments')\n"
               "tune_cmd.add_parser(p.add_subparsers(dest='command'))\n"
               "try:\n"
@@ -1081,7 +1082,7 @@ def test_a_journal_file_holds_a_study_too(tmp_path, fake_python):
 
 
 def test_storage_urls_are_checked_and_passwords_kept_out_of_messages(tmp_path):
-    from experiments import studies  # pylint: disable=import-outside-toplevel
+    from experiments.tuning import studies  # pylint: disable=import-outside-toplevel
     assert studies.describe("postgresql://tuner:secret@db:5432/studies") == \
         "postgresql://tuner:***@db:5432/studies"
     assert studies.describe("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
@@ -1093,7 +1094,7 @@ def test_storage_urls_are_checked_and_passwords_kept_out_of_messages(tmp_path):
 
 
 def test_a_trial_trains_alone_and_reports_nowhere_even_inside_a_trainjob_pod(monkeypatch):
-    from experiments import tune
+    from experiments.tuning import runner as tune
     pod = {"KUBEFLOW_TRAINER_SERVER_URL": "https://trainer:10443/x",
            "JAX_COORDINATOR_ADDRESS": "j-node-0-0.j:29500", "JAX_NUM_PROCESSES": "2",
            "JAX_PROCESS_ID": "0", "EK_TRAINJOB_NAME": "j",

@@ -14,10 +14,12 @@ import sys
 
 import pytest
 
-from estimator_keras.cloud import space as space_lib
 from estimator_keras.engines import model_dirs
 from estimator_keras.errors import ConfigError
-from experiments import search, tune, tune_cmd
+from estimator_keras.tuning import space as space_lib
+from estimator_keras.tuning import optuna_search as search
+from experiments.commands import tune as tune_cmd
+from experiments.tuning import runner as tune
 from support import ROOT, child_env
 from tune_trainer import fake_python  # pylint: disable=unused-import
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from estimator_keras.errors import ConfigError
-from experiments import models
-from experiments.data_info import DataInfo
+from experiments.catalog import models
+from experiments.config.data_info import DataInfo
 from support import cli
 
 CLASSES = 3

@@ -5,7 +5,7 @@ A page asks for generated Markdown with a comment line of its own:
     <!-- generated: cli -->             every command and flag of `python -m experiments`,
                                         from the argparse parser the CLI itself builds
     <!-- generated: config -->          the config file's fields, from the dataclasses of
-                                        experiments/config.py (types, defaults, docstrings)
+                                        experiments/config/types.py (types, defaults, docstrings)
     <!-- generated: engines -->         the engines, from the engine registry
     <!-- generated: experiments -->     the built-in experiments and datasets, from the registry
     <!-- generated: targets -->         submit's targets x engines, from estimator_keras.cloud.targets
@@ -184,7 +184,7 @@ def generate_cli():
 
 
 # ---------------------------------------------------------------------------
-# Config fields, from experiments/config.py
+# Config fields, from experiments/config/types.py
 
 
 def _field_docs(path, class_name):
@@ -216,10 +216,10 @@ def _field_default(field):
 
 
 def generate_config():
-    from experiments import config  # pylint: disable=import-outside-toplevel
+    from experiments.config import types as config  # pylint: disable=import-outside-toplevel
 
-    path = os.path.join(ROOT, "experiments", "config.py")
-    out = ["Generated from the dataclasses of `experiments/config.py` (their fields and "
+    path = os.path.join(ROOT, "experiments", "config", "types.py")
+    out = ["Generated from the dataclasses of `experiments/config/types.py` (their fields and "
            "docstrings) when this site was built. A config file's sections `data` and "
            "`train` take the fields of `DataConfig` and `TrainConfig`; `--hparams` takes "
            "the same names, without the section.", ""]
@@ -249,7 +249,8 @@ def generate_config():
 
 
 def generate_experiments():
-    from experiments import catalog, registry  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import loading as catalog  # pylint: disable=import-outside-toplevel
+    from experiments.catalog import registry  # pylint: disable=import-outside-toplevel
 
     catalog.load((), entry_points=False)
     out = ["Generated from the registry when this site was built (what `python -m "

@@ -5,9 +5,9 @@ Import the module you need; this package file imports nothing.
 * :mod:`~estimator_keras.cloud.spec` -- :class:`JobSpec` (what to run, on which
   machines, from which image) and its validation, :func:`parse_accelerator`, the
   GPU types, machine type and the prebuilt training image per engine. TF-free.
-* :mod:`~estimator_keras.cloud.space` -- the search space in Vertex AI's
-  vocabulary (:func:`load_space`) and a :class:`Study` over it: trial values for
-  local ``tune``, the ``studySpec`` for Vertex. TF-free.
+* the search space and a :class:`Study` over it are :mod:`estimator_keras.tuning.space`
+  (local ``tune`` reads them too); :mod:`~estimator_keras.cloud.space` is its
+  deprecated old name.
 * :mod:`~estimator_keras.cloud.vertex` -- :func:`build_custom_job` and
   :func:`build_tuning_job`, the Vertex AI request bodies (pythonPackageSpec or
   containerSpec pools). TF-free.
@@ -72,7 +72,7 @@ Sources for field names, images and formats (read 2026):
 * containerSpec (imageUri, command, args):
   https://cloud.google.com/vertex-ai/docs/training/configure-container-settings
 * HyperparameterTuningJob, StudySpec and how trials get their values (see
-  :mod:`~estimator_keras.cloud.space`):
+  :mod:`~estimator_keras.tuning.space`):
   https://cloud.google.com/vertex-ai/docs/training/using-hyperparameter-tuning
 * ``gcloud ai custom-jobs create`` (``--display-name`` required, ``--config`` is a
   YAML ``CustomJobSpec`` with camelCase keys):

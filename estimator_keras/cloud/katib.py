@@ -52,10 +52,10 @@ an error, which a loose schema check would let through. TF-free.
 import shlex
 from typing import Any, Dict, List, Optional
 
-from estimator_keras.cloud import space as space_lib
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.cloud.tfjob import gpu_limits, job_metadata, job_program, round_trip_losses
 from estimator_keras.errors import ConfigError, UsageError
+from estimator_keras.tuning import space as space_lib
 
 API_VERSION = "kubeflow.org/v1beta1"
 ALGORITHMS = {"tpe": "tpe", "cmaes": "cmaes", "random": "random", "grid": "grid",

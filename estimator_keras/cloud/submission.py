@@ -1,5 +1,5 @@
 """Start a :class:`~estimator_keras.cloud.spec.JobSpec` on Vertex AI: a CustomJob,
-or with a :class:`~estimator_keras.cloud.space.Study` a HyperparameterTuningJob.
+or with a :class:`~estimator_keras.tuning.space.Study` a HyperparameterTuningJob.
 
 :func:`submit` packages the project and the user's own packages, uploads the
 sdists (and a local config file) beside the job, builds the request and
@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Optional
 
 from estimator_keras import io
 from estimator_keras.cloud import backends, packaging, vertex, vertex_check
-from estimator_keras.cloud.space import Study
 from estimator_keras.cloud.spec import JobSpec
 from estimator_keras.errors import CloudError, ConfigError
+from estimator_keras.tuning.space import Study
 
 
 def _request(spec: JobSpec, study: Optional[Study]) -> Dict[str, Any]:

@@ -25,9 +25,9 @@ https://cloud.google.com/vertex-ai/docs/reference/rest/v1/projects.locations.hyp
 from typing import Any, Dict, List
 
 from estimator_keras.cloud import vertex_options
-from estimator_keras.cloud.space import Study
 from estimator_keras.cloud.spec import PYTHON_MODULE, JobSpec, parse_accelerator, prebuilt_image
 from estimator_keras.errors import ConfigError
+from estimator_keras.tuning.space import Study
 
 CONTAINER_COMMAND = ["python", "-m", PYTHON_MODULE]
 """What a containerSpec runs (the Dockerfile's ENTRYPOINT, spelled out so that any

@@ -196,7 +196,7 @@ def _from_tf_config(info):
         return None
     order = info.cluster.get("chief", []) + info.cluster.get("worker", [])
     if info.task_type not in tf_config.TRAINING_TYPES:
-        # ps and evaluator tasks are refused by engines.check_cluster, which names them.
+        # ps and evaluator tasks are refused by the engine's registry entry, which names them.
         return None
     return ProcessGroup(order[0], len(order), order.index(info.task_address),
                         "TF_CONFIG (the chief's address as coordinator)")

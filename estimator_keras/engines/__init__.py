@@ -183,67 +183,25 @@ def check_keras2(engine):
 
 def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None,
                   environ=os.environ):
-    """Refuses what ``engine`` cannot run: parameter servers, an evaluator
-    task, several training tasks, or a strategy; no TensorFlow is imported.
-
-    Args:
-      engine: a resolved engine name.
-      ps, evaluator, workers: how the caller asked for them ("--ps 1", "ps
-        tasks in TF_CONFIG"...), or None when it did not.
-      strategy: a strategy name ("auto" passes), or None.
-      environ: where the engine's own check reads its settings (KERAS_BACKEND).
-
-    Raises:
-      ConfigError: naming what was asked and the engine that can run it.
-    """
-    if registry.find(engine) is None:
-        return
-    spec = registry.get(engine).cluster
-    asked = [a for a, task in ((workers, "worker"), (ps, "ps"), (evaluator, "evaluator"))
-             if a and task not in spec.tasks]
-    if asked:
-        asked = " and ".join(asked)
-        runs_no = [text for task, text in (("worker", "other training tasks"),
-                                           ("ps", "parameter servers"),
-                                           ("evaluator", "evaluator task"))
-                   if task not in spec.tasks]
-        others = [entry.name for entry in registry.entries() if entry.name != engine and all(
-            task in entry.cluster.tasks
-            for task, a in (("worker", workers), ("ps", ps), ("evaluator", evaluator)) if a)]
-        raise ConfigError(
-            f"the {engine} engine {spec.how}: it runs no "
-            f"{' and no '.join([', no '.join(runs_no[:-1]), runs_no[-1]] if len(runs_no) > 1 else runs_no)}"
-            f", so {asked} cannot be used with it. Drop {asked}"
-            + (f", or use --engine {others[0]}{registry.get(others[0]).cluster.where}."
-               if others else "."))
-    if strategy and strategy != "auto" and strategy not in spec.strategies:
-        runs_it = [entry.name for entry in registry.entries()
-                   if strategy in entry.cluster.strategies]
-        raise ConfigError(
-            f"the {engine} engine {spec.how}: it cannot train with --strategy {strategy}; "
-            f"use one of {', '.join(('auto',) + spec.strategies)}"
-            + (f", or --engine {runs_it[0]}{registry.get(runs_it[0]).cluster.where}, which trains "
-               f"with it." if runs_it else "."))
-    if spec.check is not None:
-        spec.check(workers, strategy, environ)
+    """Refuses what ``engine`` (a resolved name; an unknown one passes)
+    cannot run: its entry's
+    :meth:`~estimator_keras.engines.registry.Entry.check_cluster`, for
+    launchers that check a cluster before any task starts."""
+    entry = registry.find(engine)
+    if entry is not None:
+        entry.check_cluster(ps=ps, evaluator=evaluator, workers=workers, strategy=strategy,
+                            environ=environ)
 
 
 def cluster_info(engine, environ=os.environ):
     """(this task's ClusterInfo, its process group or None) for ``engine``:
-    TF_CONFIG's cluster, or the group of processes the engine trains with
-    outside TensorFlow's runtime (the keras3 engine on JAX: a JAXJob's
-    variables, Vertex's CLUSTER_SPEC or TF_CONFIG), whose roles it takes.
-    Reads the environment only; no TensorFlow.
-
-    Raises:
-      ClusterConfigError: bad or partial cluster settings, naming the variable.
-    """
-    from estimator_keras.distribute import tf_config  # pylint: disable=import-outside-toplevel
-    info = tf_config.parse_tf_config(env=environ)
+    its entry's :meth:`~estimator_keras.engines.registry.Entry.cluster_info`
+    (TF_CONFIG's cluster alone for an unknown engine)."""
     entry = registry.find(engine)
-    find = entry.processes if entry is not None else None
-    group = find(environ, info) if find is not None else None
-    return (group.cluster_info() if group is not None else info), group
+    if entry is None:
+        from estimator_keras.distribute import tf_config  # pylint: disable=import-outside-toplevel
+        return tf_config.parse_tf_config(env=environ), None
+    return entry.cluster_info(environ)
 
 
 def check_keras3(engine):

@@ -12,12 +12,12 @@ TensorFlow, Keras or JAX, except where they are already imported and in
 """
 
 import collections.abc
-import importlib.metadata
 import importlib.util
 import json
 import os
 import sys
 
+from estimator_keras.engines.registry import installed_version  # noqa: F401  (this module's API)
 from estimator_keras.errors import ConfigError
 
 LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
@@ -35,16 +35,6 @@ TENSORFLOW_STACK_MODULES = ("tensorflow", "tensorflow_estimator", "tf_keras")
 
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
                             "tensorflow-intel", "tensorflow-macos")
-
-
-def installed_version(*distributions):
-    """The version of the first installed distribution of these names, or None."""
-    for name in distributions:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def version_tuple(version):

@@ -1,7 +1,11 @@
 """The engine registry: one :class:`Entry` per engine says everything the
 rest of the program asks about it (what it needs installed, which Keras and
-backends, which clusters and cloud jobs run it, which image a cloud job
-takes, how its checkpoints are told apart, and where its Engine lives).
+backends, which clusters, strategies and cloud jobs run it, which image a
+cloud job takes, how its checkpoints are told apart, and where its Engine
+lives). An entry answers which strategy a task trains with
+(:meth:`Entry.choose_strategy`) and which versions a tracked run records
+(:meth:`Entry.installed_versions`), so that a run resolves its engine and
+strategy from the entry in one pass.
 
 The entries are the one source: ``--engine auto``'s order (:func:`auto_order`),
 the Keras backends each engine trains on and those it refuses with the
@@ -24,6 +28,8 @@ Example::
 
 import dataclasses
 import importlib
+import importlib.metadata
+import os
 from typing import Callable, Dict, Optional, Tuple
 
 from estimator_keras.errors import ConfigError
@@ -36,6 +42,16 @@ AUTO = "auto"
 TENSORFLOW_RUNTIME = "estimator-keras-tensorflow"
 """This package's ClusterTrainingRuntime for TensorFlow clusters (TF_CONFIG) on
 Kubeflow Trainer v2, which has none of its own."""
+
+
+def installed_version(*distributions):
+    """The version of the first installed distribution of these names, or None."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +180,10 @@ class Entry:
     warning: Optional[Callable] = None
     """``fn(backend, platform, model, processes) -> str or None``: a warning
     for a setup known to be much slower for ``model``."""
+    packages: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    """(name, distributions) of what it trains with besides its Keras
+    backends (``("tf_keras", ("tf-keras",))``): their installed versions are
+    what a tracked run records (:meth:`installed_versions`)."""
 
     @property
     def backends(self):
@@ -182,6 +202,105 @@ class Entry:
     def refusal(self, backend):
         """Why it refuses ``backend`` by name, or None."""
         return dict(self.refused_backends).get(backend)
+
+    def installed_versions(self):
+        """{name: version} of its :attr:`packages` and its Keras backends that
+        are installed here (the first installed distribution of each), from
+        package metadata alone."""
+        wanted = self.packages + tuple((b.name, b.distributions or b.modules[:1])
+                                       for b in self.keras_backends)
+        found = {}
+        for name, distributions in wanted:
+            version = installed_version(*distributions)
+            if version and name not in found:
+                found[name] = version
+        return found
+
+    def check_cluster(self, ps=None, evaluator=None, workers=None, strategy=None,
+                      environ=os.environ):
+        """Refuses what this engine cannot run: parameter servers, an
+        evaluator task, several training tasks, or a strategy; no TensorFlow
+        is imported.
+
+        Args:
+          ps, evaluator, workers: how the caller asked for them ("--ps 1",
+            "ps tasks in TF_CONFIG"...), or None when it did not.
+          strategy: a strategy name ("auto" passes), or None.
+          environ: where :attr:`Cluster.check` reads its settings (KERAS_BACKEND).
+
+        Raises:
+          ConfigError: naming what was asked and the engine that can run it.
+        """
+        spec = self.cluster
+        asked = [a for a, task in ((workers, "worker"), (ps, "ps"), (evaluator, "evaluator"))
+                 if a and task not in spec.tasks]
+        if asked:
+            asked = " and ".join(asked)
+            runs_no = [text for task, text in (("worker", "other training tasks"),
+                                               ("ps", "parameter servers"),
+                                               ("evaluator", "evaluator task"))
+                       if task not in spec.tasks]
+            others = [entry.name for entry in entries() if entry.name != self.name and all(
+                task in entry.cluster.tasks
+                for task, a in (("worker", workers), ("ps", ps), ("evaluator", evaluator)) if a)]
+            runs_no = " and no ".join([", no ".join(runs_no[:-1]), runs_no[-1]]
+                                      if len(runs_no) > 1 else runs_no)
+            raise ConfigError(
+                f"the {self.name} engine {spec.how}: it runs no {runs_no}"
+                f", so {asked} cannot be used with it. Drop {asked}"
+                + (f", or use --engine {others[0]}{get(others[0]).cluster.where}."
+                   if others else "."))
+        if strategy and strategy != "auto" and strategy not in spec.strategies:
+            runs_it = [entry.name for entry in entries() if strategy in entry.cluster.strategies]
+            raise ConfigError(
+                f"the {self.name} engine {spec.how}: it cannot train with --strategy {strategy}; "
+                f"use one of {', '.join(('auto',) + spec.strategies)}"
+                + (f", or --engine {runs_it[0]}{get(runs_it[0]).cluster.where}, which trains "
+                   f"with it." if runs_it else "."))
+        if spec.check is not None:
+            spec.check(workers, strategy, environ)
+
+    def cluster_info(self, environ=os.environ):
+        """(this task's ClusterInfo, its process group or None): TF_CONFIG's
+        cluster, or the group of processes it trains with outside
+        TensorFlow's runtime (:attr:`processes`), whose roles it takes.
+        Reads the environment only; no TensorFlow.
+
+        Raises:
+          ClusterConfigError: bad or partial cluster settings, naming the variable.
+        """
+        # pylint: disable-next=import-outside-toplevel  (launchers ask entries without it)
+        from estimator_keras.distribute import tf_config
+        info = tf_config.parse_tf_config(env=environ)
+        group = self.processes(environ, info) if self.processes is not None else None
+        return (group.cluster_info() if group is not None else info), group
+
+    def choose_strategy(self, requested, environ=os.environ):
+        """(ClusterInfo, process group or None, strategy name) of this task
+        training on this engine with ``--strategy requested``: a strategy the
+        engine never runs is refused before the cluster is read for what that
+        strategy needs (ps tasks...), and the cluster's tasks and the chosen
+        strategy before any strategy exists (one may wait for its peers).
+        Counts GPUs (importing TensorFlow) only for "auto" and "mirrored".
+
+        Raises:
+          ConfigError: what the engine or the cluster cannot run.
+          ClusterConfigError: bad or partial cluster settings.
+        """
+        # pylint: disable-next=import-outside-toplevel  (it counts GPUs with TensorFlow)
+        from estimator_keras.distribute import strategy as strategy_lib
+        self.check_cluster(strategy=requested, environ=environ)
+        info, group = self.cluster_info(environ)
+        gpus = strategy_lib.local_gpu_count() if requested in ("auto", "mirrored") else 0
+        name = strategy_lib.choose_strategy(requested, info, gpus)
+        # choose_strategy has already refused parameter_server without ps tasks.
+        self.check_cluster(
+            ps="the ps tasks in TF_CONFIG" if info.has_ps else None,
+            evaluator="an evaluator task (TF_CONFIG)" if info.is_evaluator else None,
+            workers=(f"the {info.num_workers} training tasks in TF_CONFIG"
+                     if info.num_workers > 1 else None),
+            strategy=name, environ=environ)
+        return info, group, name
 
     def facts(self):
         """What the entry says, in words: {field: text}, in the order
@@ -278,6 +397,17 @@ def auto_order():
 def auto_rule():
     """``--engine auto``'s order in words, for ``list`` and ``--help``."""
     return ", else ".join(f"{entry.name} {entry.auto_when}".strip() for entry in auto_order())
+
+
+def installed_versions():
+    """{name: version} of what the engines train with that is installed
+    here (each entry's :meth:`Entry.installed_versions`, in registry order),
+    from package metadata alone."""
+    found = {}
+    for entry in entries():
+        for name, version in entry.installed_versions().items():
+            found.setdefault(name, version)
+    return found
 
 
 def with_job_kind(kind):

@@ -1,5 +1,11 @@
 """One MLflow run, written from a background thread that training never waits on.
 
+Tracking is split in two: ``estimator_keras.tracking`` is how any run
+reaches MLflow (where, through which process, within which bounds), and
+what a ``train`` or ``tune`` run records (its config, dataset and command
+line, and the versions that the engines' registry entries name) is the
+runner's, in ``experiments.training.tracked`` and ``experiments.tuning.tracked``.
+
 :class:`MlflowRun` queues what a run records (parameters, tags, metrics,
 artifacts, a model version, the end) and a daemon thread sends it, in order,
 metrics, parameters and tags batched (``log_batch``), to a process of its own

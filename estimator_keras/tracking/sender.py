@@ -1,5 +1,11 @@
 """The process that talks to MLflow for one tracked run (``--track``).
 
+Tracking is split in two: ``estimator_keras.tracking`` is how any run
+reaches MLflow (where, through which process, within which bounds), and
+what a ``train`` or ``tune`` run records (its config, dataset and command
+line, and the versions that the engines' registry entries name) is the
+runner's, in ``experiments.training.tracked`` and ``experiments.tuning.tracked``.
+
 :class:`~estimator_keras.tracking.mlflow_run.MlflowRun` starts it with
 :func:`command` and :func:`environment`, and sends it one request per line
 on its stdin, as JSON; it answers each with one line, ``{"ok": {...}}`` or

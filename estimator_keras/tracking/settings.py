@@ -1,5 +1,11 @@
 """Where a run is tracked, and how this package's MLflow client behaves.
 
+Tracking is split in two: ``estimator_keras.tracking`` is how any run
+reaches MLflow (where, through which process, within which bounds), and
+what a ``train`` or ``tune`` run records (its config, dataset and command
+line, and the versions that the engines' registry entries name) is the
+runner's, in ``experiments.training.tracked`` and ``experiments.tuning.tracked``.
+
 ``--track [URI]`` (or ``EK_TRACKING_URI``) turns tracking on. The URI is an
 ``http(s)://`` tracking server (``databricks`` too: MLflow resolves it from its
 own profile), a database (``sqlite:``, ``postgresql:``, ``mysql:``...), or a

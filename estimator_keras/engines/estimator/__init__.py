@@ -81,4 +81,5 @@ ENTRY = Entry(
     auto=1,
     auto_when="where available",
     cannot_run=_cannot_run,
+    packages=(("tensorflow", keras_setup.TENSORFLOW_DISTRIBUTIONS), ("keras", ("keras",))),
 )

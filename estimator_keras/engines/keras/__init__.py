@@ -41,4 +41,6 @@ ENTRY = Entry(
     continues=("estimator",),
     auto=2,
     auto_when="where tf-keras is",
+    packages=(("tensorflow", keras_setup.TENSORFLOW_DISTRIBUTIONS), ("keras", ("keras",)),
+              ("tf_keras", ("tf-keras",))),
 )

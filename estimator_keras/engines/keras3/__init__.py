@@ -116,4 +116,5 @@ ENTRY = Entry(
                 "--build-arg PYTHON_VERSION=3.12 -t IMAGE .` (DEVICE=gpu for JAX on GPUs), "
                 "push it and pass --container-image IMAGE"),
     warning=_warning,
+    packages=(("keras", ("keras",)),),
 )
