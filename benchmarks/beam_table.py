@@ -5,7 +5,7 @@ Folders of N JPEG files (10 class folders of real Fashion-MNIST training
 images, or, without Fashion-MNIST, images drawn with a fixed seed) are
 written once into the scratch folder. Every ``prepare images`` then runs in
 a fresh child Python process (:func:`benchmarks.writing_table.run_child`),
-timed around :func:`experiments.prepare.import_files` (TensorFlow's and
+timed around :func:`experiments.catalog.prepare.import_files` (TensorFlow's and
 Beam's imports excluded), with its peak resident memory and that of its
 worker processes (``RUSAGE_CHILDREN``: Beam's SDK workers, or the built-in
 writer's spawned processes). Variants alternate.

@@ -27,7 +27,7 @@ import keras
 assert tf.keras is keras or tf.keras.Model is keras.Model, "tf.keras is not Keras 3 here"
 from estimator_keras import model_inputs
 from experiments import catalog, models, registry
-from experiments.data_info import DataInfo
+from experiments.config.data_info import DataInfo
 
 catalog.load()
 plugin = {}

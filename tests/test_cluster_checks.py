@@ -192,7 +192,7 @@ def test_examples_are_found_in_indented_blocks():
 
 
 USER_MODULE = '''
-from experiments import models
+from experiments.catalog import models
 from experiments.config import DataConfig, Experiment, ExperimentConfig
 from experiments.registry import register
 

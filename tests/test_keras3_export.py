@@ -23,7 +23,7 @@ _COMMON = textwrap.dedent("""
     import json, os, sys, types
     import numpy as np
     import tensorflow as tf
-    from experiments import models
+    from experiments.catalog import models
 
     VECTORS = types.SimpleNamespace(input_shape=(5,), input_name="x", num_classes=3)
     BUILDERS = {
@@ -120,7 +120,7 @@ _TRAIN_AND_EXPORT = textwrap.dedent("""
     import tensorflow as tf
     from estimator_keras.engines.keras3 import export as keras3_export
     from estimator_keras.schema import FeatureSpec
-    from experiments import models
+    from experiments.catalog import models
 
     out = sys.argv[1]
     keras.utils.set_random_seed(3)

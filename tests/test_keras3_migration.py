@@ -29,7 +29,7 @@ _TRAIN = textwrap.dedent(f"""
     from estimator_keras import engines
     engines.prefer_legacy_keras()
     import tensorflow as tf
-    from experiments import models
+    from experiments.catalog import models
     from estimator_keras import checkpoints, inputs, records
     from estimator_keras.engines import base, model_dirs
     from estimator_keras.errors import ModelDirError, UsageError
@@ -82,7 +82,7 @@ _TRAIN = textwrap.dedent(f"""
 _RESTORE = textwrap.dedent("""
     import json, os, sys
     import numpy as np
-    from experiments import models
+    from experiments.catalog import models
     from estimator_keras.errors import ModelDirError
     from estimator_keras.engines.keras3.migration import check_tf_checkpoint, restore_tf_checkpoint
 

@@ -552,7 +552,7 @@ import json, sys
 sys.path.insert(0, %(root)r)
 from estimator_keras.errors import Preempted
 from estimator_keras.tuning import space as space_lib
-from experiments import tune
+from experiments.tuning import runner as tune
 space = space_lib.load_space(%(space)r)
 study = space_lib.Study(space, metric="accuracy", goal="max", max_trials=%(trials)d,
                         parallel_trials=%(parallel)d)
