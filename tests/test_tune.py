@@ -588,6 +588,36 @@ def _ran(folder):
     return out
 
 
+def test_a_trial_beats_from_its_start_so_a_worker_dead_before_its_first_poll_is_found(
+        tmp_path, fake_python, monkeypatch):
+    """A worker killed between starting a trial and its first poll: Optuna
+    finds stale only trials with a heartbeat on record, so without one from
+    the start the trial stays RUNNING and the other workers wait for it for
+    ever. Started and never polled, the trial is stale past the grace."""
+    import optuna  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("FAKE_EVALS", "100")
+    space = tmp_path / "space.yaml"
+    space.write_text("x: {type: double, min: 0.0, max: 1.0}\n")
+    study = space_lib.Study(space_lib.load_space(str(space)), metric="accuracy", goal="max",
+                            max_trials=1, parallel_trials=1)
+    config = tune.StudyConfig("fake", study, str(tmp_path / "a"), python=fake_python,
+                              train_args=["--max-steps", "7"], algorithm="random",
+                              storage="sqlite:///%s" % (tmp_path / "shared.db"),
+                              heartbeat_s=1, grace_s=2.0, plots=False)
+    optuna_study, storage = tune.open_study(config)
+    runner = tune._Runner(config, optuna_study, storage)  # pylint: disable=protected-access
+    trial = runner._next()  # pylint: disable=protected-access
+    runner.start(trial)
+    try:
+        time.sleep(2.5)  # the grace: twice the heartbeat, and no poll beats meanwhile
+        optuna.storages.fail_stale_trials(optuna_study)
+        assert optuna_study.trials[trial.number].state.name == "FAIL"
+    finally:
+        for run in runner.running.values():
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.proc.wait(timeout=30)
+
+
 def test_two_tune_commands_share_one_sqlite_study(tmp_path, fake_python, monkeypatch):
     monkeypatch.setenv("FAKE_EVALS", "3")
     monkeypatch.setenv("FAKE_EVAL_PAUSE", "0.2")

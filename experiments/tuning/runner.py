@@ -253,15 +253,21 @@ class _Runner:
         log = io.open_file(io.join(folder, TRIAL_LOG), "ab")
         log.write(("$ %s\n" % " ".join(command)).encode())
         log.flush()
+        tid = studies.trial_id(self.storage, self.study, trial.number)
+        if self.heartbeat:
+            # Before the trainer starts: a trial without a heartbeat is never
+            # found stale, so one whose worker dies before its first poll
+            # would keep the other workers waiting for it for ever.
+            self.storage.record_heartbeat(tid)
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL,
                                 env={**_child_env(), **(self.tracking.trial_env()
                                                         if self.tracking else {})},
                                 start_new_session=True, preexec_fn=self.preexec)
         reported = set(frozen.intermediate_values)
-        tid = studies.trial_id(self.storage, self.study, trial.number)
-        self.running[trial.number] = _Running(trial, tid, proc, time.monotonic(), log, folder,
-                                              reported)
+        now = time.monotonic()
+        self.running[trial.number] = _Running(trial, tid, proc, now, log, folder, reported,
+                                              beat=now if self.heartbeat else 0.0)
         say("trial %d started%s (pid %d): %s -> %s" % (
             trial.number, resumed, proc.pid, _describe(trial.params), folder))
         self.save()
