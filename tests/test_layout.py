@@ -225,3 +225,31 @@ def test_the_wheel_ships_no_benchmarks(tmp_path):
         assert module in names, module
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == set(PACKAGES), tops
+
+
+def test_the_runners_old_module_names_still_import_with_a_warning():
+    """Code written against the flat runner keeps working, told where each
+    name went: ``from experiments import models``, ``commands.cmd_train``."""
+    import importlib  # pylint: disable=import-outside-toplevel
+    import warnings  # pylint: disable=import-outside-toplevel
+
+    import experiments  # pylint: disable=import-outside-toplevel
+    from experiments import commands  # pylint: disable=import-outside-toplevel
+
+    moved = dict(experiments._MOVED)  # pylint: disable=protected-access
+    assert {"models", "tune", "config_files", "submit"} <= set(moved)
+    for name, target in moved.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = getattr(experiments, name)
+        assert found is importlib.import_module(target), name
+        assert any(issubclass(w.category, DeprecationWarning) and target in str(w.message)
+                   for w in caught), (name, [str(w.message) for w in caught])
+    for name, (module, new) in commands._MOVED.items():  # pylint: disable=protected-access
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = getattr(commands, name)
+        assert found is getattr(importlib.import_module(f"experiments.commands.{module}"), new)
+        assert caught and issubclass(caught[0].category, DeprecationWarning), name
+    with pytest.raises(AttributeError):
+        getattr(experiments, "no_such_module")

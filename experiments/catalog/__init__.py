@@ -3,6 +3,10 @@
 (:mod:`~experiments.catalog.loading`), and the built-in experiments, model
 builders and datasets, with the ``prepare`` step that writes a dataset."""
 
-from experiments.catalog.loading import check, load, plugins_requested
+# The loader's names, where the catalog's module of that name had them.
+from experiments.catalog.loading import (BUILTIN_MODULES, ENTRY_POINT_GROUP, MODULES_VARIABLE,
+                                         Broken, PluginError, check, load, plugins_requested,
+                                         requested_modules)
 
-__all__ = ["check", "load", "plugins_requested"]
+__all__ = ["BUILTIN_MODULES", "ENTRY_POINT_GROUP", "MODULES_VARIABLE", "Broken", "PluginError",
+           "check", "load", "plugins_requested", "requested_modules"]
