@@ -85,7 +85,9 @@ setup(
                            "numpy<2"],
                           ["tensorflow[and-cuda]==2.21.*"] + KERAS3),
         # Keras 3.15 needs Python 3.11+; on 3.11 it goes with the keras-cpu extra.
-        "jax": [f"jax[cpu]>=0.4.34; {NEW_PYTHON_311}"],
+        # JAX 0.12.1's CPU collectives hang a multi-process run (see
+        # estimator_keras/distribute/jax_processes.py: JAX_RELEASES_THAT_HANG).
+        "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}"],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],

@@ -7,6 +7,8 @@ run Keras 3 on JAX (skipped where they are not installed)."""
 import importlib.util
 import json
 import os
+import pathlib
+import re
 
 import pytest
 
@@ -15,7 +17,7 @@ from estimator_keras.distribute import jax_processes
 from estimator_keras.distribute.jax_processes import ProcessGroup, from_environ
 from estimator_keras.distribute.tf_config import ClusterInfo, parse_tf_config
 from estimator_keras.errors import ClusterConfigError, ConfigError, UsageError
-from support import checkpoint_steps, child_env, cli, keras3_installed, latest_step
+from support import ROOT, checkpoint_steps, child_env, cli, keras3_installed, latest_step
 
 KERAS_ISSUE = "keras-team/keras#20585"
 CLUSTER_VARIABLES = jax_processes.JAXJOB_VARIABLES + ("CLUSTER_SPEC", "TF_CONFIG")
@@ -448,3 +450,22 @@ def test_cli_train_partial_jaxjob_exits_2(tmp_path):
     assert "COORDINATOR_PORT" in missing and "PROCESS_ID" in missing, err
     assert checkpoint_steps(model_dir) == [] and latest_step(model_dir) is None
     assert not data_dir.exists() or not os.listdir(data_dir)
+
+
+def test_a_jax_release_whose_cpu_collectives_hang_is_refused_and_left_out_of_the_jax_extra():
+    from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
+    for version in jax_processes.JAX_RELEASES_THAT_HANG:
+        message = jax_processes.hang_refusal(version, "cpu")
+        assert f"JAX {version}'s CPU collectives" in message
+        assert f"pip install 'jax[cpu]!={version}'" in message
+        # GPUs collect through NCCL, not gloo.
+        assert jax_processes.hang_refusal(version, "gpu") == ""
+    assert jax_processes.hang_refusal("0.12.0.1", "cpu") == ""
+    setup_py = (pathlib.Path(ROOT) / "setup.py").read_text()
+    found = re.search(r'"jax": \[f"([^";]+);', setup_py)
+    assert found, "setup.py has no jax extra"
+    wanted = Requirement(found.group(1))
+    assert wanted.name == "jax"
+    for version in jax_processes.JAX_RELEASES_THAT_HANG:
+        assert not wanted.specifier.contains(version), (version, str(wanted))
+    assert wanted.specifier.contains("0.12.0.1")

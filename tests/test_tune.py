@@ -609,7 +609,9 @@ def test_a_trial_beats_from_its_start_so_a_worker_dead_before_its_first_poll_is_
     trial = runner._next()  # pylint: disable=protected-access
     runner.start(trial)
     try:
-        time.sleep(2.5)  # the grace: twice the heartbeat, and no poll beats meanwhile
+        # Past the grace (twice the heartbeat) with no poll: sqlite's clock has whole
+        # seconds, so a beat at 0.0 s still reads 2 s old at 2.9 s, and not stale.
+        time.sleep(3.5)
         optuna.storages.fail_stale_trials(optuna_study)
         assert optuna_study.trials[trial.number].state.name == "FAIL"
     finally:

@@ -229,6 +229,25 @@ def from_environ(environ=None, info=None):
     return group if group is not None and group.num_processes > 1 else None
 
 
+# Releases whose CPU collectives (gloo) hang a training process group:
+# with JAX 0.12.1, every two-process `cluster --engine keras3` run waited
+# for ever in its first collective compiled after the run started (the
+# broadcast of process 0's weights, else the first training step), while
+# 0.10.2 and 0.12.0.1 trained the same runs (tests/test_jax_cluster.py).
+JAX_RELEASES_THAT_HANG = ("0.12.1",)
+
+
+def hang_refusal(jax_version, platform):
+    """Why a process group cannot train on this JAX (a paragraph), or ""."""
+    if platform != "cpu" or jax_version not in JAX_RELEASES_THAT_HANG:
+        return ""
+    return (f"JAX {jax_version}'s CPU collectives (gloo) hang this package's multi-process "
+            f"Keras runs: the processes wait for ever in a collective of their first steps. "
+            f"Install another JAX "
+            f"release in every process, e.g. pip install 'jax[cpu]!={jax_version}' (the "
+            f"'.[jax]' extra excludes it); one-process training is not affected.")
+
+
 class DataParallelProcesses(groups.TrainingGroup):
     """Keras 3 data parallelism over every device of a JAX process group.
 
@@ -277,6 +296,9 @@ class DataParallelProcesses(groups.TrainingGroup):
                 f"{timeout:g} s: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}. "
                 f"Check that process 0 runs and that its address and port are reachable.") from e
         self._devices = jax.devices()
+        refusal = hang_refusal(jax.__version__, self._devices[0].platform)
+        if refusal:
+            raise ClusterConfigError(refusal)
         # One batch per process; DataParallel splits it over the process's devices.
         self.num_replicas_in_sync = group.num_processes
         self.input_shard = (group.num_processes, group.process_id)
