@@ -46,12 +46,14 @@ class CorruptRecordError(DataError):
     Attributes:
       path: the file at fault.
       offset: byte offset where reading broke, or None when unknown.
+      record: index of the record at fault, or None when unknown.
     """
 
-    def __init__(self, message, path=None, offset=None):
+    def __init__(self, message, path=None, offset=None, record=None):
         super().__init__(message)
         self.path = path
         self.offset = offset
+        self.record = record
 
 
 class ModelDirError(EstimatorKerasError):
