@@ -1,18 +1,18 @@
 """Tests of estimator_keras.tfrecord_frames: TFRecord files without TensorFlow.
 
 Every file is checked against TensorFlow's own writer and reader: the bytes
-written, and the records each reads from the other's files.
+written, and the records each reads from the other's files. That the module
+imports no TensorFlow is tests/test_layout.py's (TF_FREE).
 """
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import ROOT, child_env, flip_byte_in_record, generated_examples, record_frames
+from support import flip_byte_in_record, generated_examples, record_frames
 from estimator_keras import example_codec, records
 from estimator_keras import tfrecord_frames as frames
 from estimator_keras.errors import CorruptRecordError, UsageError
@@ -191,12 +191,3 @@ def test_without_google_crc32c_the_error_names_the_package(monkeypatch):
     with pytest.raises(UsageError, match="pip install google-crc32c"):
         frames.frame(b"data")
 
-
-def test_the_new_modules_import_no_tensorflow():
-    code = ("import sys\n"
-            "import estimator_keras.tfrecord_frames, estimator_keras.example_codec\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]", proc.stdout[:500]
