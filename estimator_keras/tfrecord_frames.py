@@ -26,6 +26,7 @@ Example::
     list(frames.read_records("/tmp/a.tfrecord.gz", "GZIP"))  # [b"one record"]
 """
 
+import functools
 import struct
 import zlib
 
@@ -53,7 +54,9 @@ def check_compression(compression):
     return name
 
 
-def _crc32c(data):
+@functools.lru_cache(maxsize=None)
+def _crc32c():
+    """google_crc32c's ``value``, imported on first use."""
     try:
         import google_crc32c  # pylint: disable=import-outside-toplevel
     except ImportError as e:
@@ -62,13 +65,13 @@ def _crc32c(data):
             "the google-crc32c package, which is not installed: run `pip install "
             "google-crc32c` (or install estimator-keras with its `jax` extra), or "
             "read the files through TensorFlow's tf.data instead.") from e
-    return google_crc32c.value(data)
+    return google_crc32c.value
 
 
 def masked_crc(data):
     """TFRecord's masked CRC32C of ``data``: a CRC stored beside the bytes it
     covers, rotated and offset so that CRCs of CRCs do not look valid."""
-    crc = _crc32c(data)
+    crc = _crc32c()(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -116,11 +119,7 @@ class RecordWriter:
             return
         self._file = None
         error = error or RuntimeError("aborted")
-        try:
-            self._target.__exit__(type(error), error, error.__traceback__)
-        except BaseException as raised:  # pylint: disable=broad-except
-            if raised is not error:
-                raise
+        self._target.__exit__(type(error), error, error.__traceback__)
 
     def __enter__(self):
         return self

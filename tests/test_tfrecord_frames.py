@@ -179,6 +179,16 @@ def test_a_failed_write_leaves_no_file_and_the_old_one_stays(tmp_path):
     assert os.listdir(tmp_path) == ["kept.tfrecord"]
 
 
+def test_a_writer_aborted_or_never_closed_leaves_nothing(tmp_path):
+    writer = frames.RecordWriter(tmp_path / "aborted", "GZIP")
+    writer.write(b"x")
+    writer.abort()
+    writer = frames.RecordWriter(tmp_path / "dropped")
+    writer.write(b"x")
+    del writer
+    assert os.listdir(tmp_path) == []
+
+
 def test_an_unknown_compression_is_refused():
     with pytest.raises(UsageError, match="'GZIP' or 'ZLIB'.*'BZ2'"):
         frames.check_compression("BZ2")
@@ -188,6 +198,9 @@ def test_an_unknown_compression_is_refused():
 
 def test_without_google_crc32c_the_error_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "google_crc32c", None)
+    # Past the cache of an import that an earlier test made.
+    uncached = frames._crc32c.__wrapped__  # pylint: disable=protected-access
+    monkeypatch.setattr(frames, "_crc32c", uncached)
     with pytest.raises(UsageError, match="pip install google-crc32c"):
         frames.frame(b"data")
 
