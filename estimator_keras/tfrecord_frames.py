@@ -109,7 +109,11 @@ class RecordWriter:
         if self._file is None:
             return
         if self._deflate:
-            self._file.write(self._deflate.flush())
+            try:
+                self._file.write(self._deflate.flush())
+            except BaseException as e:
+                self.abort(e)
+                raise
         self._file = None
         self._target.__exit__(None, None, None)
 
