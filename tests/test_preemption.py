@@ -219,3 +219,41 @@ def test_after_preempted_the_callers_signal_handlers_are_back(tmp_path):
     assert proc.stdout.splitlines() == [
         "preempted at 7", "sigterm restored True", "sigint restored True",
         f"handled [{int(signal.SIGTERM)}]", "exiting ignores sigterm True"], proc.stderr
+
+
+def test_a_child_started_with_the_stop_signals_held_outlives_a_sigterm_sent_to_it():
+    """The keras3 export's SavedModel child starts in a session of its own,
+    but until its setsid it is in the trial's process group with default
+    handlers: tune's SIGTERM to that group (a pruned trial that has just
+    begun a best-model export) killed it. Started with the stop signals
+    held, it keeps them held, so a SIGTERM leaves it running; without,
+    the same SIGTERM ends it at once."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    from estimator_keras.distribute import netns  # pylint: disable=import-outside-toplevel
+    script = "import sys, time; print('up', flush=True); time.sleep(60)"
+
+    def started(hold):
+        if hold:
+            with netns.stop_signals_held():
+                proc = subprocess.Popen([sys.executable, "-c", script],
+                                        stdout=subprocess.PIPE, text=True,
+                                        start_new_session=True)
+        else:
+            proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+        assert proc.stdout.readline().strip() == "up"
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            return proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+            proc.stdout.close()
+
+    assert started(hold=False) == -signal.SIGTERM
+    assert started(hold=True) is None
+    # The caller's own mask is back: nothing is left held here.
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, set())

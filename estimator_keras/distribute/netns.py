@@ -28,6 +28,7 @@ Example::
             proc = subprocess.Popen(namespace.wrap(command), pass_fds=namespace.fds)
 """
 
+import contextlib
 import errno
 import os
 import select
@@ -175,6 +176,24 @@ def die_with(parent_pid):
         return
     if os.getppid() != parent_pid:
         os._exit(125)  # pylint: disable=protected-access  (no cleanup of a parent's helper)
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """Holds SIGTERM, SIGINT and SIGHUP in the calling thread while it starts
+    a child of a session of its own. Until that child calls setsid it is in
+    this process's group, and subprocess resets its handlers to the default
+    there: a signal sent to the group meanwhile (tune stopping a trial just as
+    it exports) would kill it. A child started here keeps the three held, so
+    the signals this process handles never end it; it ends with this process
+    (:func:`die_with`). This thread's own mask comes back on leaving; a
+    signal sent meanwhile reaches this process once they are released."""
+    held = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _name_host_localhost():

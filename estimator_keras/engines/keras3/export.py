@@ -54,6 +54,7 @@ import tensorflow as tf
 
 from estimator_keras import io
 from estimator_keras import export as export_lib
+from estimator_keras.distribute import netns
 from estimator_keras.engines.keras3 import checkpoints as keras3_checkpoints
 from estimator_keras.errors import ModelDirError, TensorFlowError
 from estimator_keras.schema import FeatureSpec, schema_to_json
@@ -311,20 +312,28 @@ def _saved_model_on_tensorflow(model_file, target, schema, features, class_names
     # Where this process found the package and the model's own layers.
     env["PYTHONPATH"] = os.pathsep.join(
         [package_root] + [p for p in sys.path if p and os.path.isdir(p)])
+    # A SIGTERM or Ctrl-C sent to the whole process group must not kill the
+    # export half-way (this process saves its checkpoint once it returns, see
+    # distribute/preemption.py): the child has a session of its own, holds
+    # those signals from its start, and dies with this process (see _CHILD).
+    with netns.stop_signals_held():
+        proc = subprocess.Popen(_child_command(spec), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        # A SIGTERM or Ctrl-C sent to the whole process group must not kill
-        # the export half-way (this process saves its checkpoint once it
-        # returns, see distribute/preemption.py): the child has a session of
-        # its own, and dies with this process (see _CHILD).
-        proc = subprocess.run(_child_command(spec), env=env, capture_output=True, text=True,
-                              timeout=SAVED_MODEL_TIMEOUT_SECS, start_new_session=True)
+        _, stderr = proc.communicate(timeout=SAVED_MODEL_TIMEOUT_SECS)
     except subprocess.TimeoutExpired as e:
+        proc.kill()
+        proc.communicate()
         raise TensorFlowError(
             f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend did "
             f"not finish within {SAVED_MODEL_TIMEOUT_SECS} s.") from e
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     if proc.returncode != 0:
         # Keras' errors may quote a whole model config on one line.
-        tail = "\n".join(_shortened(line) for line in proc.stderr.strip().splitlines()[-8:])
+        tail = "\n".join(_shortened(line) for line in stderr.strip().splitlines()[-8:])
         raise TensorFlowError(
             f"writing the SavedModel of {model_file} on Keras 3's TensorFlow backend (the "
             f"{os.environ.get('KERAS_BACKEND')} backend's own export cannot be served by "
