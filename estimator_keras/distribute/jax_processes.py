@@ -243,9 +243,9 @@ def hang_refusal(jax_version, platform):
         return ""
     return (f"JAX {jax_version}'s CPU collectives (gloo) hang this package's multi-process "
             f"Keras runs: the processes wait for ever in a collective of their first steps. "
-            f"Install another JAX "
-            f"release in every process, e.g. pip install 'jax[cpu]!={jax_version}' (the "
-            f"'.[jax]' extra excludes it); one-process training is not affected.")
+            f"Install another JAX release in every process, e.g. pip install "
+            f"'jax[cpu]!={jax_version}' (the '.[jax]' extra excludes it); one-process "
+            f"training is not affected.")
 
 
 class DataParallelProcesses(groups.TrainingGroup):
