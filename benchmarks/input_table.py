@@ -490,9 +490,9 @@ def memory_variants():
     """(name, InputConfig overrides) of the memory rows; the first is the
     cache target's. "TensorFlow's budget" is tf.data's own default RAM
     budget, half the available memory: the autotuned buffers unbounded."""
-    from estimator_keras import inputs  # pylint: disable=import-outside-toplevel
+    from estimator_keras import inputs, memory  # pylint: disable=import-outside-toplevel
 
-    tensorflow_budget = {"autotune_ram_mb": max(1.0, inputs.available_memory_mb()[0] / 2)}
+    tensorflow_budget = {"autotune_ram_mb": max(1.0, memory.available_memory_mb()[0] / 2)}
     return [("cache=True", {"cache": True}),
             ("cache=True, cache_shuffle=records", {"cache": True, "cache_shuffle": "records"}),
             (RECORDS_KEPT, {"cache": True, "cache_shuffle": "records"}),

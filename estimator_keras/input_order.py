@@ -24,8 +24,6 @@ import dataclasses
 import math
 import random
 
-import tensorflow as tf
-
 from estimator_keras import io
 
 # Seeds fit TensorFlow's int32 seed range once mixed with the epoch.
@@ -39,6 +37,14 @@ _FILL_EPOCH = -1
 _SEED2 = 87654321
 
 
+def _tf():
+    """TensorFlow, for the tf.data half of this module: the order's
+    arithmetic (seeds, positions, shares) is also the Grain pipeline's,
+    which runs without it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf
+
+
 def new_seed():
     """A seed for a pipeline given none: its order differs from run to run,
     but within the run every epoch is still a function of (seed, epoch)."""
@@ -49,6 +55,7 @@ def epoch_seed(seed, epoch):
     """The int64 seed of ``epoch``'s random ops (a tensor when ``epoch`` is)."""
     if isinstance(epoch, int):
         return (int(seed) * _EPOCH_MIX + epoch) % SEED_RANGE
+    tf = _tf()
     return (tf.constant(int(seed), tf.int64) * _EPOCH_MIX + tf.cast(epoch, tf.int64)) % SEED_RANGE
 
 
@@ -84,6 +91,16 @@ def position(start_batch, batches_per_epoch, seed):
     return Position(epoch, batch, batches_per_epoch, seed)
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineShare:
+    """What a ``tf.distribute.InputContext`` tells an input pipeline, made
+    without TensorFlow: every pipeline function here takes either."""
+
+    num_input_pipelines: int
+    input_pipeline_id: int
+    num_replicas_in_sync: int
+
+
 def pipeline_of(input_context, shard=None):
     """``(num_shards, index)``: the input pipelines sharing the files and
     this one's index, from a ``tf.distribute.InputContext`` or ``shard``."""
@@ -92,6 +109,40 @@ def pipeline_of(input_context, shard=None):
     if shard is not None:
         return tuple(shard)
     return 1, 0
+
+
+def batches_per_step(input_context):
+    """Batches a training step takes from each input pipeline: one per
+    replica the pipeline feeds."""
+    if input_context is None or input_context.num_input_pipelines < 1:
+        return 1
+    return max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+
+
+
+def resumable_input_fn(make_dataset, resolved, batch_size, training, config, num_epochs,
+                       shard, start_step, resume):
+    """The ``input_fn`` of a pipeline's ``make_dataset`` over ``resolved``
+    (see :func:`estimator_keras.make_input_fn`): it takes what an Estimator
+    passes and ``start_step``, from which a training pipeline knows the
+    batches consumed (``batches_per_step`` a step, or where ``resume``, an
+    :class:`~estimator_keras.order_state.Decision`, says)."""
+    resumed_at = start_step
+
+    # Estimator inspects the argument names and passes only those it knows.
+    def input_fn(params=None, mode=None, config=None, input_context=None,  # pylint: disable=unused-argument
+                 start_step=None):
+        step = int((resumed_at if start_step is None else start_step) or 0)
+        per_step, index = batches_per_step(input_context), pipeline_of(input_context, shard)[1]
+        start_batch = (step * per_step if resume is None else
+                       resume.start_batch(index, step, per_step))
+        return make_dataset(resolved, batch_size, training=training, config=pipeline_config,
+                            num_epochs=num_epochs, input_context=input_context, shard=shard,
+                            start_batch=start_batch)
+
+    pipeline_config = config
+    input_fn.files = resolved
+    return input_fn
 
 
 def pipeline_files(files, num_shards, index):
@@ -133,6 +184,7 @@ def batches_per_epoch(examples, batch_size):
 
 def epoch_files(files, seed, epoch, shuffle):
     """A tensor of ``files`` in epoch ``epoch``'s order."""
+    tf = _tf()
     names = tf.constant(list(files))
     if not shuffle:
         return names
@@ -143,6 +195,7 @@ def epoch_files(files, seed, epoch, shuffle):
 
 def fill_files(files, seed, shuffle):
     """The files in the order a cached pipeline reads them once."""
+    tf = _tf()
     return epoch_files(files, seed, tf.constant(_FILL_EPOCH, tf.int64), shuffle)
 
 
@@ -152,6 +205,7 @@ def shuffled(dataset, buffer_size, seed):
     TensorFlow's global seed into an epoch's seed (and cannot take a seed
     tensor in a graph when that global seed is 0). The op is the one
     ``Dataset.shuffle`` builds, told to keep one order per iterator."""
+    tf = _tf()
     spec = tf.nest.flatten(dataset.element_spec)
     variant = tf.raw_ops.ShuffleDatasetV3(
         input_dataset=tf.data.experimental.to_variant(dataset),
@@ -166,6 +220,7 @@ def shuffled(dataset, buffer_size, seed):
 def epochs(position, num_epochs=None):
     """A dataset of epoch numbers from ``position.epoch`` (to ``num_epochs``
     exclusive, or forever)."""
+    tf = _tf()
     if num_epochs is None:
         return tf.data.Dataset.counter(start=position.epoch, dtype=tf.int64)
     return tf.data.Dataset.range(position.epoch, int(num_epochs), output_type=tf.int64)

@@ -9,6 +9,8 @@ from a per-process counter. Every engine feeds its model through
 with :func:`check_feature_keys` before training.
 """
 
+import functools
+
 from estimator_keras.errors import SchemaError
 
 
@@ -106,8 +108,14 @@ def as_model_inputs(model, data):
     matches the dict by name."""
     feed = one_input_feed(model)
     spec = getattr(data, "element_spec", None)  # None: not a tf.data.Dataset
+    if feed is None:
+        return data
+    if spec is None:
+        # Another pipeline's dataset (Grain's) tells its structure only by
+        # its elements: unwrap a dict of one feature as each one passes.
+        return data.map(functools.partial(_one_feature, feed))
     features = spec[0] if isinstance(spec, tuple) else spec
-    if feed is None or not isinstance(features, dict) or len(features) != 1:
+    if not isinstance(features, dict) or len(features) != 1:
         return data
     (key,) = features
 
@@ -117,3 +125,13 @@ def as_model_inputs(model, data):
         return (feed(element[0][key]),) + element[1:]
 
     return data.map(pick)
+
+
+def _one_feature(feed, element):
+    """``element`` (features, or ``(features, ...)``) with a features dict of
+    one key replaced by what ``feed`` makes of its value."""
+    features, rest = (element[0], element[1:]) if isinstance(element, tuple) else (element, None)
+    if isinstance(features, dict) and len(features) == 1:
+        (features,) = features.values()
+        features = feed(features)
+    return features if rest is None else (features,) + tuple(rest)

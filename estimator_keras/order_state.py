@@ -85,6 +85,8 @@ class Settings:
       shuffle, shuffle_buffer, cache_shuffle, cycle_length, block_length:
         as in :class:`~estimator_keras.inputs.InputConfig`.
       dataset: a fingerprint of the train split's shards (:func:`fingerprint`).
+      pipeline: the input pipeline that reads them, "tfdata" or "grain"
+        (their orders differ; a file from before the field is tf.data's).
     """
 
     seed: int
@@ -100,6 +102,7 @@ class Settings:
     cycle_length: int
     block_length: int
     dataset: str
+    pipeline: str = "tfdata"
 
     def to_dict(self):
         out = dataclasses.asdict(self)
@@ -111,7 +114,8 @@ class Settings:
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in obj.items() if k in fields}
         values["pipelines"] = tuple(Pipeline(**p) for p in obj.get("pipelines") or ())
-        missing = fields - set(values)
+        missing = {f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING} - set(values)
         if missing:
             raise ValueError(f"missing {', '.join(sorted(missing))}")
         return cls(**values)
@@ -124,9 +128,13 @@ class Settings:
         """These settings with those that fix nothing set to None:
         ``shuffle_buffer`` without a shuffle, ``cache_shuffle`` without a
         cache or a shuffle (``cache`` and ``cache_shuffle`` are stored
-        resolved, "auto" decided). Compared this way, a file stored with
-        their values reads as one without."""
+        resolved, "auto" decided), and tf.data's buffers under Grain, whose
+        shuffle is global. Compared this way, a file stored with their
+        values reads as one without."""
         shuffled = self.shuffle != "none"
+        if self.pipeline == "grain":
+            return dataclasses.replace(self, shuffle_buffer=None, cache_shuffle=None, cache=False,
+                                       cycle_length=None, block_length=None)
         return dataclasses.replace(
             self, shuffle_buffer=self.shuffle_buffer if shuffled else None,
             cache_shuffle=self.cache_shuffle if shuffled and self.cache else None)
@@ -316,6 +324,8 @@ def _changes(stored, new):
         out.append(("batches per epoch of each pipeline",
                     [p.batches_per_epoch for p in stored.pipelines],
                     [p.batches_per_epoch for p in new.pipelines]))
+    if stored.pipeline != new.pipeline:
+        out.append(("input pipeline (data.pipeline)", stored.pipeline, new.pipeline))
     if stored.cache != new.cache:
         out.append(("cache decision (data.cache)", stored.cache, new.cache))
     for name in SHUFFLE_FIELDS:

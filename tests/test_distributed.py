@@ -366,7 +366,7 @@ def test_ps_tasks_split_the_training_data(id_datasets, shards, monkeypatch):
             kwargs["num_epochs"] = 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(context_lib.inputs, "make_input_fn", one_epoch)
+    monkeypatch.setattr(inputs, "make_input_fn", one_epoch)
     spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
     parts = []
     for task in ("chief", "worker"):

@@ -91,6 +91,9 @@ class Backend:
     devices: Optional[Callable[[], Tuple[str, int]]] = None
     """``fn() -> (platform, count)``: this process's devices as the backend
     sees them ("cpu", "gpu" or "tpu"); None: TensorFlow's."""
+    pipelines: Tuple[str, ...] = ("tfdata",)
+    """The input pipelines that feed it ("tfdata", "grain"; see
+    :mod:`estimator_keras.pipeline_choice`)."""
 
 
 @dataclasses.dataclass(frozen=True)

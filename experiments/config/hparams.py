@@ -8,7 +8,7 @@ unknown key is a ConfigError listing every valid key.
 import dataclasses
 
 from estimator_keras.errors import ConfigError, UsageError, closest
-from experiments.config.types import LEARNING_RATE_DECAYS, DataConfig, TrainConfig
+from experiments.config.types import LEARNING_RATE_DECAYS, PIPELINES, DataConfig, TrainConfig
 
 
 def parse_value(key, text, default, source=None):
@@ -116,6 +116,9 @@ def _validate(name, train, data):
     if budget is not None and not (isinstance(budget, (int, float)) and budget > 0):
         raise ConfigError(f"{name}: cache_budget_mb must be a positive number of MB; given "
                           f"{budget!r}.")
+    if data.pipeline not in PIPELINES:
+        raise ConfigError(f"{name}: pipeline must be one of {', '.join(PIPELINES)}; given "
+                          f"{data.pipeline!r}.")
     for key in ("batch_size", "max_steps", "eval_every_steps", "log_every_steps"):
         if getattr(train, key) < 1:
             raise ConfigError(f"{name}: {key} must be a positive integer; given "

@@ -46,11 +46,20 @@ class DataConfig:
     epoch's batches in a new order: cheapest), "records" (new batches every
     epoch, records permuted within runs of shuffle_buffer), or "auto"
     ("records" with shuffle="record", else "batches")."""
+    pipeline: str = "auto"
+    """Which input pipeline reads the records: "tfdata" (TensorFlow's tf.data),
+    "grain" (Grain, no TensorFlow: records read by index, one global shuffle
+    per epoch; the keras3 engine on JAX only), or "auto" (grain where the
+    keras3 engine runs on JAX without TensorFlow installed, else tfdata). The
+    choice is logged; the shuffle's buffer, cycle and block lengths and the
+    cache are tf.data's."""
 
 
 # TrainConfig.learning_rate_decay's values (estimator_keras.engines.optimizers
 # builds them; kept here so that parsing a config imports no TensorFlow).
 LEARNING_RATE_DECAYS = ("constant", "cosine")
+# DataConfig.pipeline's values (estimator_keras.pipeline_choice chooses among them).
+PIPELINES = ("tfdata", "grain", "auto")
 
 
 @dataclasses.dataclass

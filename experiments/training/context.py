@@ -13,8 +13,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from estimator_keras import (engines, inputs, losses, manifest, model_inputs, order_state,
-                             precision, records)
+from estimator_keras import (engines, input_config as input_config_lib, losses, manifest,
+                             model_inputs, order_state, pipeline_choice, precision, records)
 from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
@@ -42,12 +42,16 @@ def task_log(info, message):
     say(f"[{info.task_name}] {message}" if info.is_distributed else message)
 
 
-def header_line(config, strategy_name, replicas, info, engine_name, how=None, runs_on=None):
+def header_line(config, strategy_name, replicas, info, engine_name, how=None, runs_on=None,
+                pipeline=None):
     """The run's first line: experiment, strategy (``how`` it runs, where
     that is not TensorFlow's), batch sizes and engine, with the backend and
-    devices it ``runs_on`` ("jax, cpu")."""
+    devices it ``runs_on`` ("jax, cpu") and the input ``pipeline`` that
+    feeds it ("grain")."""
     train = config.train
     engine = f"{engine_name} ({runs_on})" if runs_on else engine_name
+    if pipeline:
+        engine += f"; input {pipeline}"
     if strategy_name == "parameter_server":
         # Asynchronous updates: every worker step is one global step of
         # one batch, so examples/s = global steps/s x batch size, with no
@@ -98,7 +102,7 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
 def input_config(config, skip_corrupt=False, seed=None):
     """The :class:`~estimator_keras.inputs.InputConfig` of an experiment's data settings."""
     data = config.data
-    return inputs.InputConfig(
+    return input_config_lib.InputConfig(
         features=data.features, label=data.label, shuffle=data.shuffle,
         shuffle_buffer=data.shuffle_buffer, cache=data.cache,
         cache_budget_mb=data.cache_budget_mb, cache_shuffle=data.cache_shuffle,
@@ -106,32 +110,35 @@ def input_config(config, skip_corrupt=False, seed=None):
 
 
 def input_fns(config, dataset_path, info=None, skip_corrupt=False, seed=None, shard=None,
-              start_step=0, resume=None, cache_decided=None):
+              start_step=0, resume=None, cache_decided=None, pipeline="tfdata"):
     """Train and eval input_fns over the experiment's dataset; ``seed``
     makes their shuffles (and so the run) repeatable; ``shard``
     (processes, rank) gives this process its share of the training files
     where no ``tf.distribute.InputContext`` will; the training input
     resumes after the batches of ``start_step`` steps, or where ``resume``
     (an :class:`~estimator_keras.order_state.Decision`) says, with the
-    cache decision ``cache_decided`` where one was made before."""
+    cache decision ``cache_decided`` where one was made before; ``pipeline``
+    names the pipeline that reads ("tfdata" or "grain", see
+    :mod:`estimator_keras.pipeline_choice`)."""
     data = config.data
+    make_input_fn = pipeline_choice.input_fn_maker(pipeline)
     shared = input_config(config, skip_corrupt, seed)
     if info is not None and info.has_ps and info.task_type in tf_config.TRAINING_TYPES:
         # Parameter-server workers get no InputContext: split the files
         # between chief and workers from TF_CONFIG instead.
         order = info.cluster.get("chief", []) + info.cluster.get("worker", [])
         shard = (len(order), order.index(info.task_address))
-    train_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=True,
-                                    split=data.train_split, shard=shard, start_step=start_step,
-                                    config=dataclasses.replace(shared, cache_decided=cache_decided),
-                                    resume=resume)
-    eval_fn = inputs.make_input_fn(dataset_path, config.train.batch_size, training=False,
-                                   split=data.eval_split, config=shared)
+    train_fn = make_input_fn(dataset_path, config.train.batch_size, training=True,
+                             split=data.train_split, shard=shard, start_step=start_step,
+                             config=dataclasses.replace(shared, cache_decided=cache_decided),
+                             resume=resume)
+    eval_fn = make_input_fn(dataset_path, config.train.batch_size, training=False,
+                            split=data.eval_split, config=shared)
     return train_fn, eval_fn
 
 
 def training_order(config, dataset_path, info, group, replicas, *, model_dir, start_step,
-                   seed, skip_corrupt=False, restart=False):
+                   seed, skip_corrupt=False, restart=False, pipeline="tfdata"):
     """``(decision, refusal, cache_decided)``: where the training input of
     a run at ``start_step`` starts (an :class:`~estimator_keras.order_state.Decision`),
     the :class:`~estimator_keras.order_state.OrderChangedError` that refuses
@@ -148,13 +155,16 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
                      info.num_workers if info.num_workers > 1 else 1)
         per_step = max(1, replicas // pipelines)
     names = set(feature_map(resolved.schema, data.features, data.label).values())
-    cache, reason = inputs.cache_decision(shared, resolved, names | {data.label} - {None},
-                                          pipelines)
+    if pipeline == "grain":
+        cache, reason = False, "the Grain pipeline reads records by index: no cache"
+    else:
+        cache, reason = input_config_lib.cache_decision(
+            shared, resolved, names | {data.label} - {None}, pipelines)
     # A run with nothing left to train reads no order: evaluate and export
     # need none, and an unreadable file must not stand in their way.
     finished = train.max_steps is not None and start_step >= train.max_steps
     stored = order_state.stored_cache(model_dir, start_step) \
-        if data.cache == "auto" and not finished else None
+        if data.cache == "auto" and not finished and pipeline != "grain" else None
     if stored is not None:
         now = reason.split(": ", 1)[-1]
         reason = (f"cache=auto: {'caching' if stored else 'not caching'} the training input, as "
@@ -169,7 +179,7 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
         shuffle=shared.shuffle, shuffle_buffer=shared.shuffle_buffer,
         cache_shuffle="records" if shared.reforms_batches() else "batches",
         cycle_length=shared.cycle_length, block_length=shared.block_length,
-        dataset=order_state.fingerprint(resolved))
+        dataset=order_state.fingerprint(resolved), pipeline=pipeline)
     refusal = None
     try:
         decision = order_state.decide(model_dir, 0 if finished else start_step, settings,
@@ -188,7 +198,8 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
                 "process 0 refuses to resume: the input order's settings changed (see its log).")
         cache = bool(told[1])
         decision = dataclasses.replace(decision, starts=tuple(int(n) for n in told[2:]))
-    return decision, refusal, ((cache, reason) if data.cache == "auto" else None)
+    return decision, refusal, ((cache, reason) if data.cache == "auto" and pipeline != "grain"
+                               else None)
 
 
 def schedule(train):
@@ -333,9 +344,12 @@ class RunContext:
         replicas = strategy_lib.num_replicas(distribute)
         training_group = groups.of(distribute)
         backend, platform, devices = engines.backend_devices(engine_obj.name)
+        pipeline, _ = pipeline_choice.choose(config.data.pipeline, entry.backend(backend),
+                                             f"the {entry.name} engine")
         task_log(info, header_line(config, strategy_name, replicas, info, engine_obj.name,
                                    training_group.description,
-                                   f"{backend}, {describe_devices(platform, devices)}"))
+                                   f"{backend}, {describe_devices(platform, devices)}",
+                                   pipeline))
         dataset_path = ensure_data(config, data_dir, source_dir,
                                    is_chief=info.is_chief, num_workers=prepare_workers)
         check_numeric_inputs(config, dataset_path)
@@ -378,10 +392,12 @@ class RunContext:
                            f"not bit-identical to one never stopped")
         order, order_refusal, cache_decided = training_order(
             config, dataset_path, info, training_group, replicas, model_dir=str(model_dir),
-            start_step=start_step, seed=seed, skip_corrupt=skip_corrupt, restart=restart_order)
+            start_step=start_step, seed=seed, skip_corrupt=skip_corrupt, restart=restart_order,
+            pipeline=pipeline)
         train_fn, eval_fn = input_fns(config, dataset_path, info, skip_corrupt, seed,
                                       shard=training_group.input_shard, start_step=start_step,
-                                      resume=order, cache_decided=cache_decided)
+                                      resume=order, cache_decided=cache_decided,
+                                      pipeline=pipeline)
         return cls(experiment=experiment, config=config, info=info, engine=engine_obj,
                    strategy_name=strategy_name, distribute=distribute, replicas=replicas,
                    model_dir=str(model_dir), export_dir=export_dir,

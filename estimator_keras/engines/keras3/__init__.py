@@ -34,7 +34,7 @@ def _jax_devices():
 BACKENDS = (
     Backend(MULTI_PROCESS_BACKEND, ("jax", "jaxlib"),
             "`pip install -e '.[jax]'` in the folder of your estimator-keras checkout",
-            multi_process=True, devices=_jax_devices),
+            multi_process=True, devices=_jax_devices, pipelines=("tfdata", "grain")),
     Backend("tensorflow", ("tensorflow",),
             "`pip install -e '.[cpu]'` (or '.[gpu]') in the folder of your estimator-keras "
             "checkout", distributions=keras_setup.TENSORFLOW_DISTRIBUTIONS),

@@ -12,7 +12,7 @@ import warnings
 
 import keras
 
-from estimator_keras import model_inputs
+from estimator_keras import input_order, model_inputs
 
 
 def eval_data(plan, model):
@@ -20,7 +20,7 @@ def eval_data(plan, model):
     the same batches every time, and ends with its data rather than after
     Keras' whole calls of several steps."""
     data = as_built(model, plan.eval_data(input_context=None))
-    return data.take(plan.eval_steps) if plan.eval_steps else data
+    return _first(data, plan.eval_steps) if plan.eval_steps else data
 
 
 def eval_share(plan, model, group):
@@ -30,12 +30,20 @@ def eval_share(plan, model, group):
     one, as :func:`estimator_keras.make_input_fn`'s does)."""
     processes, rank = group.input_shard
     if plan.eval_steps:
-        return eval_data(plan, model).shard(processes, rank)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.data's)
-    context = tf.distribute.InputContext(num_input_pipelines=processes,
-                                         input_pipeline_id=rank,
-                                         num_replicas_in_sync=processes)
-    return as_built(model, plan.eval_data(input_context=context))
+        return _every(eval_data(plan, model), processes, rank)
+    share = input_order.PipelineShare(num_input_pipelines=processes, input_pipeline_id=rank,
+                                      num_replicas_in_sync=processes)
+    return as_built(model, plan.eval_data(input_context=share))
+
+
+def _first(data, count):
+    """The first ``count`` batches of a tf.data or Grain dataset."""
+    return data.take(count) if hasattr(data, "take") else data[:count]
+
+
+def _every(data, processes, rank):
+    """Every ``processes``-th batch from ``rank`` on, of a tf.data or Grain dataset."""
+    return data.shard(processes, rank) if hasattr(data, "shard") else data[rank::processes]
 
 
 def as_built(model, data):
