@@ -192,6 +192,21 @@ class _Inflated:
             self._started = False
 
 
+LENGTH_DAMAGED = "the CRC of its length does not match (the length bytes are damaged)"
+DATA_DAMAGED = "the CRC of its data does not match (the data bytes are damaged)"
+
+
+def corrupt_record(path, index, offset, reason, compression=None):
+    """The CorruptRecordError for record ``index`` of ``path`` at byte
+    ``offset`` (of the decompressed stream when ``compression`` is given)."""
+    where = f"byte {offset}" + (f" of the {compression}-decompressed stream"
+                                if compression else "")
+    return CorruptRecordError(
+        f"{path}: record {index} (at {where}) is corrupt: {reason}. The records "
+        f"before it are intact; rewrite the file from its source.",
+        path=path, offset=offset, record=index)
+
+
 def read_records(path, compression=None):
     """Yields the records of one TFRecord file, checking both CRCs of each.
 
@@ -215,8 +230,7 @@ def read_records(path, compression=None):
                                   f"({len(header)} bytes left)")
                 length = _LENGTH.unpack_from(header)[0]
                 if _CRC.unpack_from(header, _LENGTH.size)[0] != masked_crc(header[:_LENGTH.size]):
-                    raise _Broken("the CRC of its length does not match (the length bytes "
-                                  "are damaged)")
+                    raise _Broken(LENGTH_DAMAGED)
                 body = stream.read(length + _CRC.size)
                 if len(body) < length + _CRC.size:
                     raise _Broken(f"the file ends inside the record: it needs "
@@ -224,15 +238,9 @@ def read_records(path, compression=None):
                                   f"{len(body)} are left")
                 data = body[:length]
                 if _CRC.unpack_from(body, length)[0] != masked_crc(data):
-                    raise _Broken("the CRC of its data does not match (the data bytes are "
-                                  "damaged)")
+                    raise _Broken(DATA_DAMAGED)
             except _Broken as e:
-                where = f"byte {offset}" + (f" of the {compression}-decompressed stream"
-                                            if compression else "")
-                raise CorruptRecordError(
-                    f"{path}: record {index} (at {where}) is corrupt: {e}. The records "
-                    f"before it are intact; rewrite the file from its source.",
-                    path=path, offset=offset, record=index) from None
+                raise corrupt_record(path, index, offset, e, compression) from None
             yield data
             index += 1
             offset += _HEADER + length + _CRC.size

@@ -64,6 +64,7 @@ ENVIRONMENTS = {
             "test_trainjob_status.py",
             "test_vertex_requests.py",
             "test_trainjob.py", "test_tfrecord_frames.py", "test_example_codec.py",
+            "test_record_index.py",
             # Apache Beam installs here without moving TensorFlow, protobuf or
             # numpy (on 3.13 it would pin numpy < 2.5 and protobuf < 7).
             "test_prepare_beam.py", "test_keras_io_gallery.py",
@@ -193,7 +194,7 @@ ENVIRONMENTS = {
             "test_optimizer_moves.py",
             "test_order_changes.py", "test_logits.py", "test_keras_io_gallery.py",
             # TFRecords without TensorFlow, against TF 2.21 and protobuf 7.
-            "test_tfrecord_frames.py", "test_example_codec.py",
+            "test_tfrecord_frames.py", "test_example_codec.py", "test_record_index.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),

@@ -17,7 +17,8 @@ from support import ROOT, child_env
 PACKAGES = ("estimator_keras", "experiments")
 TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
            "estimator_keras.schema", "estimator_keras.manifest",
-           "estimator_keras.tfrecord_frames", "estimator_keras.example_codec", "estimator_keras.modeldir",
+           "estimator_keras.tfrecord_frames", "estimator_keras.record_index",
+           "estimator_keras.example_codec", "estimator_keras.modeldir",
            "estimator_keras.engines", "estimator_keras.engines.base",
            "estimator_keras.engines.keras3.checkpoints", "estimator_keras.engines.registry",
            "estimator_keras.engines.model_dirs", "estimator_keras.engines.estimator",
