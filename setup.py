@@ -87,9 +87,12 @@ setup(
         # Keras 3.15 needs Python 3.11+; on 3.11 it goes with the keras-cpu extra.
         # JAX 0.12.1's CPU collectives hang a multi-process run (see
         # estimator_keras/distribute/jax_processes.py: JAX_RELEASES_THAT_HANG).
-        # google-crc32c: the CRCs of TFRecord files read and written without
-        # TensorFlow (estimator_keras/tfrecord_frames.py).
-        "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}", f"google-crc32c; {NEW_PYTHON_311}"],
+        # Grain, google-crc32c, protobuf and Pillow: the input pipeline that
+        # reads the records without TensorFlow (estimator_keras/grain_inputs.py:
+        # the TFRecord framing's CRCs, tf.train.Example, PNG and JPEG images).
+        "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}",
+                *(f"{name}; {NEW_PYTHON_311}" for name in (
+                    "grain>=0.2.12", "google-crc32c", "protobuf", "pillow"))],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],

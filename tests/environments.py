@@ -137,6 +137,8 @@ ENVIRONMENTS = {
             "test_trainjob_status.py",
             "test_trainjob.py", "test_tracking.py", "test_exact_resume.py",
             "test_keras_io_gallery.py",
+            # The Grain pipeline, against tf.data's batches.
+            "test_grain_inputs.py",
         ),
         engines=("keras",),
         backends=("jax",),

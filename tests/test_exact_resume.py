@@ -7,6 +7,7 @@ estimator in py311, keras and keras3 on JAX in the keras env, keras3 on
 TensorFlow in py313. The examples' ids are counted by the model itself
 (tests/resume_support.py), so what is checked is what training consumed."""
 
+import importlib.util
 import os
 import random
 import re
@@ -21,10 +22,18 @@ import resume_support
 from plugin_support import plugin_env, run_cli
 from support import KERAS3_BACKENDS, ROOT, latest_checkpoint_weights, signal_at_step
 
+# A backend named with this suffix trains on the Grain input pipeline
+# (data.pipeline=grain) instead of tf.data.
+GRAIN = "+grain"
+_NO_GRAIN = pytest.mark.skipif(importlib.util.find_spec("grain") is None,
+                               reason="Grain is not installed (pip install -e '.[jax]')")
+GRAIN_CASES = [pytest.param("keras3", p.values[0] + GRAIN, marks=[*p.marks, _NO_GRAIN],
+                            id=f"keras3-{p.values[0]}-grain")
+               for p in KERAS3_BACKENDS if p.values[0] == "jax"]
 CASES = [pytest.param("estimator", None, id="estimator"),
          pytest.param("keras", None, id="keras")] + [
     pytest.param("keras3", p.values[0], marks=p.marks, id=f"keras3-{p.values[0]}")
-    for p in KERAS3_BACKENDS]
+    for p in KERAS3_BACKENDS] + GRAIN_CASES
 STOPS = 3  # stops of the exactly-once run, at random steps
 MLP_STEPS, MLP_EVERY = 600, 200  # the bit-identical runs: 64 batches of 32 an epoch
 SIGTERM_STEPS = (30, 560)
@@ -36,8 +45,13 @@ def _env(engine, backend):
     # As tests/keras_envs.py sets it: TensorFlow 2.15 has no tf-keras to honour "1".
     extra = {"TF_USE_LEGACY_KERAS": "1" if engine == "keras" else "0"}
     if backend:
-        extra["KERAS_BACKEND"] = backend
+        extra["KERAS_BACKEND"] = backend.split("+")[0]
     return plugin_env(**extra)
+
+
+def _pipeline(backend):
+    """The --hparams that choose the case's input pipeline (none: the default)."""
+    return ["--hparams", "pipeline=grain"] if backend and backend.endswith(GRAIN) else []
 
 
 def _draw(case, low, high, count=1):
@@ -55,7 +69,7 @@ def _train_ids(ids_data, engine, backend, model_dir, steps):
     module, data_dir = ids_data
     rc, _, err = run_cli("--module", module, "train", resume_support.EXPERIMENT,
                          "--engine", engine, "--model-dir", model_dir, "--data-dir", data_dir,
-                         "--max-steps", steps, cwd=os.path.dirname(module),
+                         "--max-steps", steps, *_pipeline(backend), cwd=os.path.dirname(module),
                          env=_env(engine, backend), timeout=300)
     assert rc == 0, err[-3000:]
     return err
@@ -81,15 +95,16 @@ def test_a_run_stopped_three_times_sees_each_example_once_per_epoch(ids_data, tm
                                   resume_support.counts(tmp_path / "whole"), err_msg=str(stops))
 
 
-def _mlp_flags(fashion_data, engine, model_dir):
+def _mlp_flags(fashion_data, engine, backend, model_dir):
+    hparams = "log_every_steps=10" + (",pipeline=grain" if _pipeline(backend) else "")
     return ("train", "fashion_mnist_mlp", "--engine", engine, "--data-dir", fashion_data,
             "--model-dir", model_dir, "--max-steps", MLP_STEPS, "--eval-every", MLP_EVERY,
-            "--batch-size", 32, "--deterministic", "--hparams", "log_every_steps=10")
+            "--batch-size", 32, "--deterministic", "--hparams", hparams)
 
 
 def _train_mlp(fashion_data, engine, backend, model_dir):
     proc = subprocess.run([sys.executable, "-m", "experiments",
-                           *map(str, _mlp_flags(fashion_data, engine, model_dir))],
+                           *map(str, _mlp_flags(fashion_data, engine, backend, model_dir))],
                           cwd=ROOT, env=_env(engine, backend), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -99,7 +114,7 @@ def _train_mlp(fashion_data, engine, backend, model_dir):
 def _stop_at(fashion_data, engine, backend, model_dir, step, sig, log_path):
     """Trains until a progress line at or past ``step``, then sends ``sig``;
     returns (exit status, the last step logged)."""
-    return signal_at_step(_mlp_flags(fashion_data, engine, model_dir), step, sig, log_path,
+    return signal_at_step(_mlp_flags(fashion_data, engine, backend, model_dir), step, sig, log_path,
                           env=_env(engine, backend))
 
 
@@ -152,7 +167,7 @@ def test_a_stopped_run_ends_with_the_weights_of_one_never_stopped(
 CLUSTER_CASES = [pytest.param("estimator", None, id="estimator"),
                  pytest.param("keras", None, id="keras")] + [
     pytest.param("keras3", p.values[0], marks=p.marks, id="keras3-jax")
-    for p in KERAS3_BACKENDS if p.values[0] == "jax"]
+    for p in KERAS3_BACKENDS if p.values[0] == "jax"] + GRAIN_CASES
 CLUSTER_FINAL = 24  # epochs of 9 and of 5 batches: both end mid-epoch
 
 
@@ -162,8 +177,8 @@ def _cluster(ids_data, engine, backend, tmp_path, steps):
                            "--workers", "1", "--engine", engine, "--model-dir",
                            tmp_path / "model", "--log-dir", tmp_path / f"logs-{steps}",
                            "--quiet", "--timeout", "300", "--data-dir", data_dir,
-                           "--max-steps", steps, cwd=os.path.dirname(module),
-                           env=_env(engine, backend), timeout=360)
+                           "--max-steps", steps, *_pipeline(backend),
+                           cwd=os.path.dirname(module), env=_env(engine, backend), timeout=360)
     assert rc == 0, out[-3000:] + err[-3000:]
     return "".join(p.read_text() for p in sorted((tmp_path / f"logs-{steps}").iterdir()))
 
