@@ -88,8 +88,10 @@ setup(
         # JAX 0.12.1's CPU collectives hang a multi-process run (see
         # estimator_keras/distribute/jax_processes.py: JAX_RELEASES_THAT_HANG).
         # google-crc32c: the CRCs of TFRecord files read and written without
-        # TensorFlow (estimator_keras/tfrecord_frames.py).
-        "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}", f"google-crc32c; {NEW_PYTHON_311}"],
+        # TensorFlow (estimator_keras/tfrecord_frames.py); fsspec and gcsfs: gs://
+        # paths without TensorFlow's tf.io.gfile (estimator_keras/io.py).
+        "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}", f"google-crc32c; {NEW_PYTHON_311}",
+                f"fsspec; {NEW_PYTHON_311}", f"gcsfs; {NEW_PYTHON_311}"],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
