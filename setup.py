@@ -89,10 +89,11 @@ setup(
         # estimator_keras/distribute/jax_processes.py: JAX_RELEASES_THAT_HANG).
         # Grain, google-crc32c, protobuf and Pillow: the input pipeline that
         # reads the records without TensorFlow (estimator_keras/grain_inputs.py:
-        # the TFRecord framing's CRCs, tf.train.Example, PNG and JPEG images).
+        # the TFRecord framing's CRCs, tf.train.Example, PNG and JPEG images);
+        # fsspec and gcsfs: gs:// paths without tf.io.gfile (estimator_keras/io.py).
         "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}",
                 *(f"{name}; {NEW_PYTHON_311}" for name in (
-                    "grain>=0.2.12", "google-crc32c", "protobuf", "pillow"))],
+                    "grain>=0.2.12", "google-crc32c", "protobuf", "pillow", "fsspec", "gcsfs"))],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],

@@ -47,13 +47,16 @@ class CorruptRecordError(DataError):
       path: the file at fault.
       offset: byte offset where reading broke, or None when unknown.
       record: index of the record at fault, or None when unknown.
+      reason: what is wrong with it, without the file and the advice around
+        it (the message when not given).
     """
 
-    def __init__(self, message, path=None, offset=None, record=None):
+    def __init__(self, message, path=None, offset=None, record=None, reason=None):
         super().__init__(message)
         self.path = path
         self.offset = offset
         self.record = record
+        self.reason = reason or message
 
 
 class ModelDirError(EstimatorKerasError):

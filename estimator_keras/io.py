@@ -3,7 +3,9 @@
 Local paths use ``os`` and ``shutil``; remote ones (``gs://`` and any other
 scheme ``tf.io.gfile`` understands) use ``tf.io.gfile``, imported only when a
 remote path is met, so that datasets, manifests and configs on local disk are
-handled without loading TensorFlow.
+handled without loading TensorFlow. Where TensorFlow is not installed, remote
+paths go through fsspec instead (gcsfs for ``gs://``; ``memory://`` is
+fsspec's own in-memory file system), imported on first use.
 
 Writes are atomic: :func:`atomic_write` and :func:`atomic_file` write to a
 temporary name beside the target and rename it into place, removing the
@@ -21,19 +23,125 @@ Example::
 
 import contextlib
 import fnmatch
+import functools
 import glob as glob_lib
 import os
 import posixpath
 import shutil
+import types
 import uuid
+
+from estimator_keras import tf_optional
+from estimator_keras.errors import UsageError
 
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 
 
 def _gfile():
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (remote paths only)
-    return tf.io.gfile
+    """The remote file system: ``tf.io.gfile``, or fsspec without TensorFlow."""
+    tf = tf_optional.tensorflow()
+    return tf.io.gfile if tf is not None else _FSSPEC
+
+
+@functools.lru_cache(maxsize=None)
+def _fsspec_module():
+    try:
+        import fsspec  # pylint: disable=import-outside-toplevel  (remote paths only)
+    except ImportError as e:
+        raise UsageError(
+            "remote paths (gs://...) are read and written with TensorFlow's tf.io.gfile, or "
+            "where TensorFlow is not installed with fsspec, and neither is installed: run "
+            "`pip install fsspec gcsfs` (gcsfs is fsspec's gs://), or install estimator-keras "
+            f"with its `jax` extra, or install TensorFlow: {tf_optional.INSTALL}.") from e
+    return fsspec
+
+
+class _Fsspec:
+    """The calls of ``tf.io.gfile`` this module makes, on fsspec.
+
+    fsspec names paths without their scheme; the paths handed back get the
+    scheme of the path asked about again.
+    """
+
+    @staticmethod
+    def _fs(path):
+        path = str(path)
+        try:
+            return _fsspec_module().core.url_to_fs(path)[0]
+        except (ImportError, ValueError) as e:
+            scheme = path.split("://", 1)[0]
+            raise UsageError(
+                f"{path}: fsspec reads {scheme}:// paths (TensorFlow, whose tf.io.gfile "
+                f"would, is not installed) but cannot here: {e}. For gs:// run `pip install "
+                f"gcsfs`.") from e
+
+    @staticmethod
+    def _uri(like, path):
+        return f"{str(like).split('://', 1)[0]}://{path.lstrip('/')}"
+
+    def exists(self, path):
+        return self._fs(path).exists(str(path))
+
+    def isdir(self, path):
+        return self._fs(path).isdir(str(path))
+
+    def listdir(self, path):
+        fs = self._fs(path)
+        own = fs._strip_protocol(str(path)).rstrip("/")  # pylint: disable=protected-access
+        return [posixpath.basename(p.rstrip("/")) for p in fs.ls(str(path), detail=False)
+                if p.rstrip("/") != own]
+
+    def glob(self, pattern):
+        return [self._uri(pattern, p) for p in self._fs(pattern).glob(str(pattern))]
+
+    def makedirs(self, path):
+        self._fs(path).makedirs(str(path), exist_ok=True)
+
+    def stat(self, path):
+        fs = self._fs(path)
+        try:
+            mtime_nsec = int(fs.modified(str(path)).timestamp() * 1e9)
+        except (NotImplementedError, AttributeError):
+            mtime_nsec = 0
+        return types.SimpleNamespace(length=fs.size(str(path)), mtime_nsec=mtime_nsec)
+
+    def remove(self, path):
+        self._fs(path).rm_file(str(path))
+
+    def rmtree(self, path):
+        self._fs(path).rm(str(path), recursive=True)
+
+    def rename(self, src, dst, overwrite=False):
+        src, dst = str(src), str(dst)
+        if not overwrite and exists(dst):
+            raise FileExistsError(f"{dst} exists")
+        if is_remote(src) and is_remote(dst) and src.split("://")[0] == dst.split("://")[0]:
+            self._fs(src).mv(src, dst, recursive=True)
+        elif isdir(src):
+            copy_tree(src, dst)
+            rmtree(src)
+        else:
+            self.copy(src, dst)
+            remove(src)
+
+    def GFile(self, path, mode):  # pylint: disable=invalid-name  (gfile's name)
+        if "b" in mode:
+            return self._fs(path).open(str(path), mode)
+        return self._fs(path).open(str(path), mode, encoding="utf-8")
+
+    @staticmethod
+    def copy(src, dst, overwrite=True):
+        del overwrite  # a copy replaces the destination, as gfile's does with overwrite
+        with open_file(src, "rb") as f_in, open_file(dst, "wb") as f_out:
+            shutil.copyfileobj(f_in, f_out, 1 << 20)
+
+    def walk(self, top):
+        for folder, dirs, files in self._fs(top).walk(str(top)):
+            yield self._uri(top, folder), dirs, files
+
+
+_FSSPEC = _Fsspec()
 
 
 def is_remote(path):

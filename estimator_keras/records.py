@@ -7,6 +7,10 @@ manifest (see :mod:`estimator_keras.manifest` for the layout on disk).
 :class:`RecordFiles` an input pipeline reads (:func:`read_schema` just their
 schema); files without a manifest get their schema from :func:`infer_schema`.
 
+None of it needs TensorFlow: examples are encoded by
+:mod:`~estimator_keras.example_codec` and files written and read by
+:mod:`~estimator_keras.record_files`, to the bytes TensorFlow writes.
+
 Example::
 
     import numpy as np
@@ -24,20 +28,19 @@ from concurrent import futures
 import logging
 import math
 import multiprocessing
-import re
 import sys
 import time
 
 import numpy as np
-import tensorflow as tf
 
-from estimator_keras import io
+from estimator_keras import example_codec, io
 from estimator_keras import schema as schema_lib
 from estimator_keras.errors import CorruptRecordError, DataError, SchemaError, UsageError
 from estimator_keras.manifest import (
     INCOMPLETE_DIR, MANIFEST_NAME, SHARD_RE, SPLIT_RE, InvalidField, Manifest, Shard, Split,
     check_compression, check_labels, compression_of, load_manifest, manifest_path,
     shard_files_in, shard_name, write_manifest)
+from estimator_keras.record_files import framing_tensorflow, read_records, record_writer
 from estimator_keras.sources.base import ArraySource
 
 logger = logging.getLogger(__name__)
@@ -45,49 +48,15 @@ logger = logging.getLogger(__name__)
 _CHUNK = 1024
 
 
-def short_tf_error(error):
-    """TensorFlow's error message without its op and function-node clutter."""
-    text = getattr(error, "message", str(error))
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
-    return text.split(" [Op:")[0].strip()
-
-
 def encode_example(schema, values):
-    """Serializes one example (a dict name -> numpy value) to bytes.
+    """Serializes one example (a dict name -> numpy value) to bytes: a
+    ``tf.train.Example`` with its map keys sorted, byte for byte what
+    TensorFlow serializes.
 
-    Raises SchemaError naming the feature when a value does not fit its spec.
+    Raises SchemaError naming the feature when a value is missing or does
+    not fit its spec.
     """
-    feature = {}
-    for name, spec in schema.items():
-        if name not in values:
-            raise SchemaError(f"example is missing feature {name!r}; schema "
-                              f"expects {sorted(schema)}, got {sorted(values)}.")
-        value = values[name]
-        if spec.encoding in ("bytes", "png", "jpeg"):
-            if isinstance(value, np.ndarray):
-                value = value.item()
-            if isinstance(value, str):
-                value = value.encode("utf-8")
-            feature[name] = tf.train.Feature(
-                bytes_list=tf.train.BytesList(value=[bytes(value)]))
-            continue
-        arr = np.asarray(value)
-        if arr.shape != spec.shape:
-            raise SchemaError(
-                f"feature {name!r}: expected shape {spec.shape}, found "
-                f"{arr.shape}.")
-        if spec.encoding == "raw":
-            arr = np.ascontiguousarray(arr, dtype=spec.dtype)
-            feature[name] = tf.train.Feature(
-                bytes_list=tf.train.BytesList(value=[arr.tobytes()]))
-        elif spec.encoding == "int64":
-            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(
-                value=arr.astype(np.int64).ravel().tolist()))
-        else:
-            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(
-                value=arr.astype(np.float32).ravel().tolist()))
-    return tf.train.Example(
-        features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
+    return example_codec.encode_example(schema, values)
 
 
 # --------------------------------------------------------------------------
@@ -122,8 +91,7 @@ def _write_shard(source, schema, indices, tmp_path, final_path, compression):
     Runs in the parent or in a spawned worker, so it takes only picklable
     arguments.
     """
-    options = tf.io.TFRecordOptions(compression_type=compression or "")
-    with tf.io.TFRecordWriter(tmp_path, options) as writer:
+    with record_writer(tmp_path, compression) as writer:
         for start in range(0, len(indices), _CHUNK):
             batch = source.read(indices[start:start + _CHUNK])
             n = len(indices[start:start + _CHUNK])
@@ -198,7 +166,8 @@ def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed
       The :class:`~estimator_keras.manifest.Manifest` written.
 
     Raises:
-      UsageError: a bad argument (split name, num_shards, compression).
+      UsageError: a bad argument (split name, num_shards, compression), or
+        neither google-crc32c nor TensorFlow is installed.
       SchemaError: splits (new, or kept from the existing manifest) disagree
         on the schema or the labels.
       DataError: the existing manifest cannot be read, or the directory
@@ -211,6 +180,7 @@ def write_dataset(splits, output_dir, *, num_shards=None, compression=None, seed
     """
     output_dir = str(output_dir).rstrip("/")
     plan = _WritePlan(splits, output_dir, num_shards, compression, labels, num_workers)
+    framing_tensorflow()  # no CRC32C at all is refused before anything changes
     compression, schema, sources = plan.compression, plan.schema, plan.sources
     try:
         io.makedirs(output_dir)
@@ -525,26 +495,32 @@ def infer_schema(path, compression=None):
     Otherwise int64 and float lists map to int64/float features of their
     length and bytes to opaque ``bytes`` features.
     """
+    found = read_records(path, compression)
     try:
-        first = next(iter(tf.data.TFRecordDataset(path, compression or "").take(1)), None)
-    except tf.errors.OpError as e:
-        raise CorruptRecordError(f"cannot read the first record of {path}: "
-                                 f"{short_tf_error(e)}", path=path, offset=0) from e
+        first = next(found, None)
+    except CorruptRecordError as e:
+        raise CorruptRecordError(f"cannot read the first record of {path}: {e.reason}",
+                                 path=path, offset=0, record=0, reason=e.reason) from e
+    except OSError as e:
+        raise CorruptRecordError(f"cannot read the first record of {path}: {e}",
+                                 path=path, offset=0, record=0) from e
+    finally:
+        found.close()
     if first is None:
         raise DataError(f"{path} holds no records; cannot infer a schema from it.")
     try:
-        example = tf.train.Example.FromString(first.numpy())
-    except Exception as e:  # pylint: disable=broad-except  (protobuf's DecodeError)
+        features = example_codec.decode_features(first)
+    except SchemaError as e:
         raise SchemaError(f"the first record of {path} is not a tf.train.Example "
-                          f"({type(e).__name__}); cannot infer a schema.") from e
-    features = example.features.feature
+                          f"({type(e.__cause__).__name__}); cannot infer a schema.") from e
     if not features:
         raise SchemaError(f"the first record of {path} has no features; cannot "
                           f"infer a schema.")
     schema = {}
     if _SEED_KEYS <= set(features):
-        dims = [features[k].int64_list.value for k in ("height", "width", "depth")]
-        if all(len(d) == 1 for d in dims):
+        dims = [features[k] for k in ("height", "width", "depth")]
+        if all(isinstance(d, np.ndarray) and d.dtype == np.int64 and len(d) == 1
+               for d in dims):
             shape = tuple(int(d[0]) for d in dims)
             schema["image_raw"] = schema_lib.FeatureSpec("image_raw", "uint8", shape, "raw")
             logger.info("%s has no manifest: inferred the seed question's format "
@@ -553,13 +529,12 @@ def infer_schema(path, compression=None):
     for name in sorted(features):
         if name in schema:
             continue
-        feat = features[name]
-        kind = feat.WhichOneof("kind")
-        if kind == "int64_list":
-            n = len(feat.int64_list.value)
+        values = features[name]
+        if isinstance(values, np.ndarray) and values.dtype == np.int64:
+            n = len(values)
             schema[name] = schema_lib.FeatureSpec(name, "int64", () if n == 1 else (n,), "int64")
-        elif kind == "float_list":
-            n = len(feat.float_list.value)
+        elif isinstance(values, np.ndarray):
+            n = len(values)
             schema[name] = schema_lib.FeatureSpec(name, "float32", () if n == 1 else (n,), "float")
         else:
             schema[name] = schema_lib.FeatureSpec(name, "string", (), "bytes")

@@ -15,7 +15,8 @@ checking both CRCs of every record. CRC32C comes from the ``google-crc32c``
 package, imported on first use.
 
 Paths go through :mod:`estimator_keras.io`: local files need no TensorFlow;
-a ``gs://`` path is opened with ``tf.io.gfile`` there.
+a ``gs://`` path is opened with ``tf.io.gfile`` there, or with fsspec where
+TensorFlow is not installed.
 
 Example::
 
@@ -66,6 +67,16 @@ def _crc32c():
             "google-crc32c` (or install estimator-keras with its `jax` extra), or "
             "read the files through TensorFlow's tf.data instead.") from e
     return google_crc32c.value
+
+
+def have_crc32c():
+    """Whether google-crc32c is installed: without it, reading and writing
+    here raise UsageError naming it."""
+    try:
+        _crc32c()
+    except UsageError:
+        return False
+    return True
 
 
 def masked_crc(data):
@@ -204,7 +215,20 @@ def corrupt_record(path, index, offset, reason, compression=None):
     return CorruptRecordError(
         f"{path}: record {index} (at {where}) is corrupt: {reason}. The records "
         f"before it are intact; rewrite the file from its source.",
-        path=path, offset=offset, record=index)
+        path=path, offset=offset, record=index, reason=str(reason))
+
+
+def _read_up_to(stream, size):
+    """Up to ``size`` bytes, read a piece at a time: a damaged length field
+    must not allocate what it claims before the file's end is found."""
+    parts = []
+    while size > 0:
+        part = stream.read(min(size, _CHUNK))
+        if not part:
+            break
+        parts.append(part)
+        size -= len(part)
+    return b"".join(parts)
 
 
 def read_records(path, compression=None):
@@ -213,7 +237,8 @@ def read_records(path, compression=None):
     Raises:
       CorruptRecordError: a CRC does not match or the file ends inside a
         record; it names the file, the record's index and its byte offset
-        (in the decompressed stream for a compressed file).
+        (in the decompressed stream for a compressed file), and its
+        ``reason``.
       UsageError: an unknown compression, or google-crc32c is missing.
     """
     compression = check_compression(compression)
@@ -226,16 +251,16 @@ def read_records(path, compression=None):
                 if not header:
                     return
                 if len(header) < _HEADER:
-                    raise _Broken(f"the file ends inside the record's {_HEADER}-byte header "
-                                  f"({len(header)} bytes left)")
+                    raise _Broken(f"the file is truncated: it ends inside the record's "
+                                  f"{_HEADER}-byte header ({len(header)} bytes left)")
                 length = _LENGTH.unpack_from(header)[0]
                 if _CRC.unpack_from(header, _LENGTH.size)[0] != masked_crc(header[:_LENGTH.size]):
                     raise _Broken(LENGTH_DAMAGED)
-                body = stream.read(length + _CRC.size)
+                body = _read_up_to(stream, length + _CRC.size)
                 if len(body) < length + _CRC.size:
-                    raise _Broken(f"the file ends inside the record: it needs "
-                                  f"{length + _CRC.size} bytes after its header, "
-                                  f"{len(body)} are left")
+                    raise _Broken(f"the file is truncated: it ends inside the record, "
+                                  f"which needs {length + _CRC.size} bytes after its "
+                                  f"header; {len(body)} are left")
                 data = body[:length]
                 if _CRC.unpack_from(body, length)[0] != masked_crc(data):
                     raise _Broken(DATA_DAMAGED)

@@ -1,9 +1,10 @@
 """Checking TFRecord files record by record, and describing datasets.
 
-:func:`check_file` reads one file through (TensorFlow's reader checks each
-record's CRC) and reports where it breaks; :func:`inspect` does that for a
-whole dataset directory or glob, and :func:`format_report` prints the result
-for ``python -m experiments inspect``.
+:func:`check_file` reads one file through, checking each record's CRCs
+(:func:`estimator_keras.record_files.read_records`), and reports where it breaks;
+:func:`inspect` does that for a whole dataset directory or glob, and
+:func:`format_report` prints the result for ``python -m experiments inspect``.
+No TensorFlow is needed.
 
 Example::
 
@@ -14,18 +15,13 @@ Example::
 
 import dataclasses
 
-import tensorflow as tf
-
 from estimator_keras import io
 from estimator_keras import schema as schema_lib
+from estimator_keras.errors import CorruptRecordError
 from estimator_keras.manifest import Manifest, compression_of, load_manifest
-from estimator_keras.records import is_pattern, resolve, short_tf_error
-
-# Each TFRecord is framed by a length, its CRC and the data's CRC.
-_FRAMING_BYTES = 8 + 4 + 4
-# What TensorFlow's reader raises on a damaged record.
-_RECORD_ERRORS = (tf.errors.DataLossError, tf.errors.OutOfRangeError,
-                  tf.errors.InvalidArgumentError)
+from estimator_keras.record_files import (  # noqa: F401  (short_tf_error: its callers')
+    read_records, short_tf_error)
+from estimator_keras.records import is_pattern, resolve
 
 
 @dataclasses.dataclass
@@ -51,44 +47,22 @@ class FileCheck:
 
 
 def check_file(path, compression=None):
-    """Reads one file through, counting records; TensorFlow's reader checks
-    every record's CRC as it goes, so this is also the verification."""
+    """Reads one file through, counting records and checking the CRCs of
+    each, so this is also the verification."""
     if compression is None:
         compression = compression_of(path)
-    records_ds = tf.data.TFRecordDataset(path, compression or "")
-    count = consumed = 0
+    if not io.exists(path):
+        return FileCheck(path, 0, f"file not found: {path}")
+    count = 0
     try:
-        # Lengths are summed in Python: a dataset.map would trace a function
-        # per call, which costs more than the reading for small files.
-        for batch in records_ds.batch(1024):
-            values = batch.numpy()
-            count += len(values)
-            consumed += sum(len(v) for v in values) + _FRAMING_BYTES * len(values)
-    except _RECORD_ERRORS as e:
-        message = short_tf_error(e)
-        # The failed batch hides how many of its records were good: recount
-        # them one by one (only broken files pay for this).
-        count = consumed = 0
-        try:
-            for record in records_ds:
-                count += 1
-                consumed += len(record.numpy()) + _FRAMING_BYTES
-        except _RECORD_ERRORS:
-            pass
-        # TensorFlow's own offset points at the record's length or its data,
-        # depending on what failed, and is missing for GZIP errors: report
-        # where the broken record starts instead.
-        return FileCheck(path, count, message, consumed)
-    except tf.errors.NotFoundError as e:
-        return FileCheck(path, 0, f"file not found: {short_tf_error(e)}")
-    if not compression:
-        # TensorFlow's reader takes a partial last record for the end of the
-        # file, so a truncated file would otherwise pass as whole.
-        size = io.size(path)
-        if size != consumed:
-            return FileCheck(path, count, f"truncated record at {consumed}: the file "
-                             f"is {size} bytes but its {count} whole records end at "
-                             f"byte {consumed}", consumed)
+        for _ in read_records(path, compression):
+            count += 1
+    except CorruptRecordError as e:
+        # The offset is where the broken record starts (in the decompressed
+        # stream of a GZIP file).
+        return FileCheck(path, count, e.reason, e.offset)
+    except OSError as e:
+        return FileCheck(path, count, f"unreadable: {e}")
     return FileCheck(path, count)
 
 

@@ -36,6 +36,10 @@ _GALLERY_ON_KERAS_3 = _GALLERY_ON_ONE_KERAS + (
     "test_the_exports_serve_a_user_class_that_overrides_call_through_its_call",
     "test_the_savedmodel_child_of_a_dead_parent_ends_before_it_imports_*")
 
+# Remote paths without TensorFlow: fsspec comes with the jax extra.
+_THROUGH_FSSPEC = ("test_remote_paths_without_tensorflow_go_through_fsspec",
+                   "test_a_dataset_is_written_and_verified_through_fsspec")
+
 ENVIRONMENTS = {
     "py311": Environment(
         "Python 3.11, TensorFlow 2.15 with tf.estimator and its own Keras 2: the estimator "
@@ -65,6 +69,9 @@ ENVIRONMENTS = {
             "test_vertex_requests.py",
             "test_trainjob.py", "test_tfrecord_frames.py", "test_example_codec.py",
             "test_record_index.py",
+            # prepare, inspect and verify with TensorFlow made unimportable,
+            # against TensorFlow 2.15's bytes.
+            "test_without_tensorflow.py",
             # Apache Beam installs here without moving TensorFlow, protobuf or
             # numpy (on 3.13 it would pin numpy < 2.5 and protobuf < 7).
             "test_prepare_beam.py", "test_keras_io_gallery.py",
@@ -136,7 +143,7 @@ ENVIRONMENTS = {
             "test_built_once.py", "test_builders_keras3.py", "test_tune_engines.py",
             "test_trainjob_status.py",
             "test_trainjob.py", "test_tracking.py", "test_exact_resume.py",
-            "test_keras_io_gallery.py",
+            "test_keras_io_gallery.py", "test_io.py",
             # The Grain pipeline, against tf.data's batches.
             "test_grain_inputs.py",
         ),
@@ -172,7 +179,9 @@ ENVIRONMENTS = {
         },
         only={"test_trainjob.py": (
             "test_three_pods_given_a_trainjobs_environment_train_as_one_cluster[[]keras[]]",
-            "test_three_pods_given_a_trainjobs_environment_train_as_one_cluster[[]keras3[]]")},
+            "test_three_pods_given_a_trainjobs_environment_train_as_one_cluster[[]keras3[]]"),
+              # Remote paths through fsspec, which the jax extra brings.
+              "test_io.py": _THROUGH_FSSPEC},
     ),
     "py313": Environment(
         "Python 3.13 with exactly '.[cpu]' and the test tools, as the Quickstart installs it: "
@@ -195,8 +204,10 @@ ENVIRONMENTS = {
             # Starts the py311 and keras envs' interpreters (tests/keras_envs.py).
             "test_optimizer_moves.py",
             "test_order_changes.py", "test_logits.py", "test_keras_io_gallery.py",
-            # TFRecords without TensorFlow, against TF 2.21 and protobuf 7.
+            # TFRecords without TensorFlow, against TF 2.21 and protobuf 7, and
+            # the CLI's data commands with TensorFlow made unimportable.
             "test_tfrecord_frames.py", "test_example_codec.py", "test_record_index.py",
+            "test_without_tensorflow.py",
         ),
         engines=("keras3",),
         backends=("tensorflow",),
@@ -232,6 +243,9 @@ ENVIRONMENTS = {
                 "no JAX",
             "tests/test_keras3_setup.py::test_cli_keras3_without_keras3":
                 "Keras 3 is installed: this case needs an environment without it",
+            **{f"tests/test_io.py::{name}": "fsspec comes with the jax extra, which the "
+                                            "Quickstart does not install"
+               for name in _THROUGH_FSSPEC},
         },
         only={"test_keras_io_gallery.py": _GALLERY_ON_KERAS_3},
     ),

@@ -299,3 +299,20 @@ def generated_examples(n, seed=0):
         "b_ids": rng.integers(-2**63, 2**63 - 1, 3, dtype=np.int64),
         "a_depth": rng.random((2, 2), dtype=np.float32)} for _ in range(n)]
     return schema, examples
+
+
+def png_bytes(pixels):
+    """A PNG of uint8 pixels (height, width, 1 or 3), written by hand: no
+    TensorFlow or Pillow is needed to make the test's images."""
+    import zlib  # pylint: disable=import-outside-toplevel
+
+    height, width, channels = pixels.shape
+
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    rows = b"".join(b"\0" + pixels[y].tobytes() for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, {1: 0, 3: 2}[channels], 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))

@@ -1,12 +1,17 @@
 """estimator_keras.io: one set of path and atomic-write rules, local and remote
-(``ram://`` stands in for ``gs://``: both go through tf.io.gfile)."""
+(``ram://`` stands in for ``gs://``: both go through tf.io.gfile; without
+TensorFlow fsspec's ``memory://`` does, through fsspec)."""
 
+import importlib.util
 import os
 import stat
+import sys
 
+import numpy as np
 import pytest
 
-from estimator_keras import io
+from estimator_keras import io, records, tf_optional, verify
+from estimator_keras.errors import UsageError
 
 
 def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
@@ -83,6 +88,7 @@ def test_copy_tree_and_stale_entries(tmp_path):
 
 
 def test_remote_paths_go_through_gfile():
+    pytest.importorskip("tensorflow")
     base = "ram://io-test"
     io.makedirs(base)
     io.atomic_write(io.join(base, "m.json"), "{}")
@@ -93,3 +99,62 @@ def test_remote_paths_go_through_gfile():
     io.remove(io.join(base, "m.json"))
     io.remove(io.join(base, "m.json"))  # missing is fine
     assert not io.exists(io.join(base, "m.json"))
+
+
+def test_remote_paths_without_tensorflow_go_through_fsspec(monkeypatch):
+    pytest.importorskip("fsspec")
+    monkeypatch.setattr(tf_optional, "tensorflow", lambda: None)
+    base = "memory://io-fsspec-test"
+    io.makedirs(io.join(base, "sub", "deep"))
+    io.atomic_write(io.join(base, "m.json"), "{}")
+    io.atomic_write(io.join(base, "sub", "deep", "f.bin"), b"\0\1")
+    io.copy_file(io.join(base, "m.json"), io.join(base, "copy.json"))
+    assert io.read_text(io.join(base, "copy.json")) == "{}"
+    assert io.listdir(base) == ["copy.json", "m.json", "sub"]
+    assert io.glob(io.join(base, "*.json")) == [io.join(base, "copy.json"),
+                                                 io.join(base, "m.json")]
+    assert io.isdir(io.join(base, "sub")) and io.isfile(io.join(base, "m.json"))
+    assert io.size(io.join(base, "sub", "deep", "f.bin")) == 2
+    assert io.mtime_ns(io.join(base, "m.json")) > 0
+    assert io.copy_tree(io.join(base, "sub"), io.join(base, "tree")) == [
+        io.join(base, "tree", "deep", "f.bin")]
+    io.rename(io.join(base, "copy.json"), io.join(base, "moved.json"))
+    with pytest.raises(FileExistsError):
+        io.rename(io.join(base, "moved.json"), io.join(base, "m.json"), overwrite=False)
+    io.remove(io.join(base, "m.json"))
+    io.remove(io.join(base, "m.json"))  # missing is fine
+    with pytest.raises(FileNotFoundError):
+        io.remove(io.join(base, "m.json"), missing_ok=False)
+    io.rmtree(io.join(base, "tree"))
+    assert io.listdir(base) == ["moved.json", "sub"]
+
+
+def test_a_dataset_is_written_and_verified_through_fsspec(monkeypatch):
+    pytest.importorskip("fsspec")
+    pytest.importorskip("google_crc32c")
+    monkeypatch.setattr(tf_optional, "tensorflow", lambda: None)
+    base = "memory://io-fsspec-dataset"
+    records.write_records({"x": np.arange(10)}, base, num_shards=2, compression="GZIP",
+                          progress=False)
+    found = records.resolve(base)
+    assert found.files == [io.join(base, f"train-0000{i}-of-00002.tfrecord.gz")
+                           for i in range(2)]
+    report = verify.inspect(base, verify=True)
+    assert not report.broken and "all records verified" in verify.format_report(report)
+
+
+def test_gs_paths_without_tensorflow_name_what_to_install(monkeypatch):
+    monkeypatch.setattr(tf_optional, "tensorflow", lambda: None)
+    # Past the cache of an import that an earlier test made.
+    uncached = io._fsspec_module.__wrapped__  # pylint: disable=protected-access
+    monkeypatch.setattr(io, "_fsspec_module", uncached)
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    if importlib.util.find_spec("fsspec") is None:
+        expected = "pip install fsspec gcsfs"
+    else:
+        expected = "gs://bucket/data.*pip install gcsfs"
+    with pytest.raises(UsageError, match=expected):
+        io.exists("gs://bucket/data")
+    monkeypatch.setitem(sys.modules, "fsspec", None)
+    with pytest.raises(UsageError, match="neither is installed: run `pip install fsspec gcsfs`"):
+        io.exists("gs://bucket/data")

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from support import ROOT, child_env, flip_byte_in_record, record_frames
-from estimator_keras import records
+from estimator_keras import record_files, records, tf_optional, tfrecord_frames
 from estimator_keras.errors import CorruptRecordError, DataError, SchemaError, UsageError
 from estimator_keras.inputs import make_dataset
 from estimator_keras.manifest import (
@@ -260,6 +260,100 @@ def test_seed_format_without_manifest(tmp_path, caplog):
     assert got_labels.tolist() == labels.tolist()
     schema = resolve(str(tmp_path / "*.tfrecords")).schema
     assert (schema["image_raw"].encoding, schema["image_raw"].shape) == ("raw", (6, 5, 1))
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+def _old_tensorflow_shards(tf, source, schema, out, shards, compression, seed=0):
+    """Writes ``source`` as write_dataset shards it, the way it wrote them
+    with TensorFlow: tf.train.Example built feature by feature, serialized
+    with sorted keys, framed by tf.io.TFRecordWriter. Returns the file names."""
+    def encode(values):
+        feature = {}
+        for name, spec in schema.items():
+            value = values[name]
+            if spec.encoding in ("bytes", "png", "jpeg"):
+                value = value.item() if isinstance(value, np.ndarray) else value
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(
+                    value=[value.encode() if isinstance(value, str) else bytes(value)]))
+            elif spec.encoding == "raw":
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[
+                    np.ascontiguousarray(value, dtype=spec.dtype).tobytes()]))
+            elif spec.encoding == "int64":
+                feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(
+                    value=np.asarray(value).astype(np.int64).ravel().tolist()))
+            else:
+                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(
+                    value=np.asarray(value).astype(np.float32).ravel().tolist()))
+        return tf.train.Example(features=tf.train.Features(
+            feature=feature)).SerializeToString(deterministic=True)
+
+    order = np.random.default_rng(seed).permutation(len(source))
+    names = []
+    for index, part in enumerate(np.array_split(order, shards)):
+        names.append(shard_name("train", index, shards, compression))
+        options = tf.io.TFRecordOptions(compression_type=compression or "")
+        with tf.io.TFRecordWriter(os.path.join(out, names[-1]), options) as writer:
+            batch = source.read(part)
+            for i in range(len(part)):
+                writer.write(encode({name: batch[name][i] for name in schema}))
+    return names
+
+
+def _mixed_arrays(n=57):
+    rng = np.random.default_rng(3)
+    return {"id": np.arange(n, dtype=np.int64),
+            "image": rng.integers(0, 256, (n, 5, 4, 3), dtype=np.uint8),
+            "depth": rng.random((n, 2, 2), dtype=np.float32),
+            "vec": (rng.normal(size=(n, 3)) * 10.0 ** rng.integers(-30, 30, (n, 3))
+                    ).astype(np.float32),
+            "ids": rng.integers(-2**63, 2**63 - 1, (n, 4), dtype=np.int64),
+            "name": np.array([rng.bytes(int(k)) for k in rng.integers(0, 30, n)], dtype=object),
+            "label": rng.integers(0, 10, n).astype(np.int64)}
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+@pytest.mark.parametrize("framing", ["installed", "tensorflow"])
+def test_shards_are_the_bytes_tensorflows_writer_wrote(tmp_path, monkeypatch, compression,
+                                                        framing):
+    # "installed": tfrecord_frames where google-crc32c is installed;
+    # "tensorflow": the writer without google-crc32c, TensorFlow's.
+    tf = pytest.importorskip("tensorflow")
+    if framing == "tensorflow":
+        monkeypatch.setattr(tfrecord_frames, "have_crc32c", lambda: False)
+    arrays = _mixed_arrays()
+    manifest = write_records(arrays, str(tmp_path / "new"), num_shards=3,
+                             compression=compression, progress=False)
+    (tmp_path / "old").mkdir()
+    names = _old_tensorflow_shards(tf, records.as_source(arrays), manifest.schema,
+                                   str(tmp_path / "old"), 3, compression)
+    assert [s.file for s in manifest.splits["train"].shards] == names
+    for name in names:
+        assert (tmp_path / "new" / name).read_bytes() == (tmp_path / "old" / name).read_bytes()
+
+
+def test_records_read_back_without_google_crc32c_through_tensorflow(tmp_path, monkeypatch):
+    pytest.importorskip("tensorflow")
+    directory = str(tmp_path / "ds")
+    write_records(_mixed_arrays(20), directory, num_shards=1, progress=False)
+    path = load_manifest(directory).files("train")[0]
+    monkeypatch.setattr(tfrecord_frames, "have_crc32c", lambda: False)
+    assert len(list(record_files.read_records(path))) == 20
+    start = flip_byte_in_record(path, 4)
+    with pytest.raises(CorruptRecordError) as caught:
+        list(record_files.read_records(path))
+    assert (caught.value.record, caught.value.offset) == (4, start)
+    assert check_file(path).num_records == 4
+
+
+def test_without_google_crc32c_or_tensorflow_the_error_names_both(tmp_path, monkeypatch):
+    monkeypatch.setattr(tfrecord_frames, "have_crc32c", lambda: False)
+    monkeypatch.setattr(tf_optional, "tensorflow", lambda: None)
+    with pytest.raises(UsageError, match="google-crc32c package or TensorFlow's.*pip install "
+                                         "google-crc32c"):
+        write_records(_mixed_arrays(4), str(tmp_path / "ds"), num_shards=1, progress=False)
+    assert not os.path.exists(tmp_path / "ds")  # refused before anything was written
 
 
 # --------------------------------------------------------------------------- verify

@@ -25,9 +25,10 @@ described in :mod:`estimator_keras.sources.base`. Modules:
   :mod:`estimator_keras.beam_write`).
 
 The public names are importable from here too
-(``from estimator_keras.sources import IdxSource``). They load on first use,
-so importing this package does not import TensorFlow; only the image,
-folder, importer and download modules need it.
+(``from estimator_keras.sources import IdxSource``). They load on first use.
+None of the modules imports TensorFlow: images that must be decoded, resized
+or re-encoded are TensorFlow's work, imported then (see
+:mod:`~estimator_keras.sources.images`), and ``beam_runs`` needs Apache Beam.
 
 Example::
 

@@ -10,11 +10,12 @@ the first call needs the internet.
 
 import logging
 import os
+import shutil
+import urllib.request
 
 import numpy as np
-import tensorflow as tf
 
-from estimator_keras import io
+from estimator_keras import io, tf_optional
 from estimator_keras.errors import DataError, UsageError
 from estimator_keras.sources.idx import (DEBIAN_FASHION_MNIST_DIR, sha256_of, user_cache_dir,
                                          write_idx)
@@ -47,12 +48,24 @@ KNOWN_SHA256 = {
 
 def keras_fetch(url, path):
     """Downloads ``url`` to ``path`` with ``tf.keras.utils.get_file`` (its
-    proxy settings and progress bar); the default fetcher of :func:`download_idx`."""
+    proxy settings and progress bar), or with urllib where TensorFlow is not
+    installed (the bytes are checked by their SHA-256 either way); the
+    default fetcher of :func:`download_idx`."""
+    tf = tf_optional.tensorflow()
+    if tf is None:
+        return url_fetch(url, path)
     folder = io.parent(path)
     # Looked up at call time so that tests can patch tf.keras.utils.get_file.
     # An absolute cache_subdir makes get_file save exactly in that folder.
     return tf.keras.utils.get_file(io.basename(path), origin=url, cache_dir=folder,
                                    cache_subdir=folder)
+
+
+def url_fetch(url, path):
+    """Downloads ``url`` to ``path`` with urllib (its proxy variables apply)."""
+    with urllib.request.urlopen(url, timeout=60) as response, io.atomic_file(path, "wb") as out:
+        shutil.copyfileobj(response, out, 1 << 20)
+    return path
 
 
 def verify_sha256(path, expected):

@@ -19,9 +19,9 @@ from estimator_keras.errors import DataError
 from estimator_keras.schema import FeatureSpec
 from estimator_keras.sources.base import Source, as_indices, preview
 from estimator_keras.sources.images import (
-    IMAGE_EXTENSIONS, channels_arg, check_same_size, choose_encoding, decode_pixels,
-    image_bytes, image_size_arg, list_images, mask_bytes, mask_ids, native_ok, probe_all,
-    resize_pixels)
+    IMAGE_EXTENSIONS, channels_arg, check_same_size, check_storage, choose_encoding,
+    decode_pixels, image_bytes, image_size_arg, list_images, mask_bytes, mask_ids, native_ok,
+    probe_all, resize_pixels)
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class ImageListSource(Source):
         self.verify = bool(verify)
         self._encoding = encoding
         self._reencode = np.asarray(reencode, dtype=bool)
+        check_storage(encoding, self._reencode, [io.join(self.root, f) for f in self._files])
         self._num_examples = len(self._files)
         self.labels = classification_labels(self.class_names)
         self.features = {
@@ -118,7 +119,7 @@ class ImageFolderSource(ImageListSource):
     PNG.
 
     Args:
-      root: folder of class folders (local or ``tf.io.gfile`` path).
+      root: folder of class folders (a local path or a URI, see :mod:`estimator_keras.io`).
       image_size: None, an int, or (height, width).
       channels: 1 or 3.
       verify: decode every image while reading, so a corrupt file is reported
@@ -255,6 +256,10 @@ class SegmentationPairsSource(Source):
         self._reencode = np.asarray(reencode, dtype=bool)
         self._mask_reencode = np.array([not native_ok(i, 1) for i in mask_infos], dtype=bool)
         self._mask_depth = np.array([i.depth for i in mask_infos], dtype=np.uint8)
+        check_storage(encoding, self._reencode,
+                      [io.join(self.images_dir, n) for n in self._images])
+        check_storage("raw" if encoding == "raw" else "png", self._mask_reencode,
+                      [io.join(self.masks_dir, n) for n in self._masks], "masks")
         self._num_examples = len(self._images)
         self.num_classes = num_classes
         self.labels = ({"mask": {"num_classes": int(num_classes), "class_names": None}}
@@ -314,7 +319,7 @@ class SegmentationFolderSource(SegmentationPairsSource):
     expands palette PNGs to colours, losing the ids.
 
     Args:
-      images_dir, masks_dir: the two folders (local or ``tf.io.gfile`` paths).
+      images_dir, masks_dir: the two folders (local paths or URIs).
       channels: channels of the stored images, 1 or 3.
       verify: decode every image while reading (see :class:`ImageFolderSource`).
       num_classes: recorded in ``labels`` for the manifest when given.

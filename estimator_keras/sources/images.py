@@ -7,18 +7,28 @@ also decodes one fully, to tell a readable file from a corrupt one.
 :func:`choose_encoding` and :func:`plan_storage` decide whether files are
 stored byte for byte, re-encoded as PNG, or decoded to raw pixels;
 :func:`image_bytes`, :func:`decode_pixels` and :func:`mask_ids` produce what
-is stored, decoding with TensorFlow.
+is stored.
+
+Files stored as they are never need TensorFlow: they are checked by
+decoding them with TensorFlow where it is installed, else with Pillow (the
+stored bytes are the file's either way). What is stored decoded or
+re-encoded (resized images, raw pixels, PNG re-encodings) is TensorFlow's
+decoding, resizing and PNG encoding, so that a dataset has the same bytes
+wherever it is prepared: without TensorFlow those steps raise UsageError
+naming it (:func:`check_storage` and :func:`pixels_need_tensorflow` tell
+before anything is written).
 """
 
+import functools
 import io as _bytes_io
 import os
 import struct
+import zlib
 from typing import NamedTuple
 
 import numpy as np
-import tensorflow as tf
 
-from estimator_keras import io
+from estimator_keras import io, tf_optional
 from estimator_keras.errors import DataError, UsageError
 from estimator_keras.sources.base import preview
 
@@ -27,9 +37,25 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 3: None, 4: 2, 6: 4}
-# A missing or unreadable remote file fails with TF's errors, a local one with OSError.
-_READ_ERRORS = (OSError, tf.errors.OpError)
-_DECODE_ERRORS = (tf.errors.OpError, ValueError)
+# The bit depths the PNG standard allows for each colour type.
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
+# What is stored without TensorFlow.
+STORED_AS_THEY_ARE = ("Without it, images that are all PNG or all JPEG, of one size and "
+                      "with the channels wanted, are stored as they are, and so are 8-bit "
+                      "grey PNG masks.")
+# Pillow's modes of the images it decodes without converting them, by channels.
+_PILLOW_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 3,
+                    "RGBA": 4}
+
+
+def _read_errors():
+    # A missing or unreadable remote file fails with TF's errors, a local one with OSError.
+    tf = tf_optional.tensorflow()
+    return (OSError, tf.errors.OpError) if tf else (OSError,)
+
+
+def _decode_errors(tf):
+    return (tf.errors.OpError, ValueError)
 
 
 class BadImage(Exception):
@@ -75,9 +101,10 @@ def probe_stream(f):
             raise BadImage("its PNG header is incomplete")
         width, height = struct.unpack(">II", head[16:24])
         depth, color = head[24], head[25]
-        if color not in _PNG_CHANNELS or width == 0 or height == 0:
-            raise BadImage(f"its PNG header is invalid (colour type {color}, "
-                           f"size {width}x{height})")
+        if (color not in _PNG_CHANNELS or depth not in _PNG_DEPTHS[color] or width == 0
+                or height == 0):
+            raise BadImage(f"its PNG header is invalid (colour type {color}, bit depth "
+                           f"{depth}, size {width}x{height})")
         return ImageInfo("png", height, width, _PNG_CHANNELS[color], depth,
                          palette=color == 3, grey=color in (0, 4))
     if head[:2] == b"\xff\xd8":
@@ -194,7 +221,7 @@ def _probe_image(path):
     try:
         with io.open_file(path, "rb") as f:
             return probe_stream(f)
-    except _READ_ERRORS as e:
+    except _read_errors() as e:
         raise BadImage(f"it cannot be read ({e})") from e
 
 
@@ -214,6 +241,100 @@ def _decode_error(e):
     return str(e).splitlines()[0].split(" [Op:")[0].split("}} ")[-1][-200:]
 
 
+@functools.lru_cache(maxsize=None)
+def _pillow():
+    """Pillow's Image module, imported on first use."""
+    try:
+        from PIL import Image  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise UsageError(
+            f"checking images without TensorFlow needs Pillow, which is not installed: run "
+            f"`pip install Pillow`, or install TensorFlow: {tf_optional.INSTALL}.") from e
+    return Image
+
+
+def _png_as_libpng_reads_it(data):
+    """A PNG's bytes as libpng (TensorFlow's decoder) accepts them: BadImage
+    when a critical chunk's CRC does not match or the file ends before its
+    IEND chunk; ancillary chunks whose CRC does not match are dropped, as
+    libpng drops them."""
+    pos, kept, dropped = len(_PNG_SIGNATURE), [data[:len(_PNG_SIGNATURE)]], False
+    while True:
+        length = struct.unpack(">I", data[pos:pos + 4])[0] if pos + 4 <= len(data) else 0
+        end = pos + 12 + length
+        if end > len(data):
+            raise BadImage("decoding failed: the file ends before its IEND chunk (it is "
+                           "truncated)")
+        kind = data[pos + 4:pos + 8]
+        if not kind.isalpha():
+            raise BadImage(f"decoding failed: its chunk type {kind!r} is not 4 letters (the "
+                           f"file is damaged)")
+        if zlib.crc32(data[pos + 4:end - 4]) == struct.unpack(">I", data[end - 4:end])[0]:
+            kept.append(data[pos:end])
+        elif kind[0] & 0x20:  # a lower-case first letter: an ancillary chunk
+            dropped = True
+        else:
+            raise BadImage(f"decoding failed: the CRC of its {kind.decode('latin-1')!r} "
+                           f"chunk does not match (the file is damaged)")
+        pos = end
+        if kind == b"IEND":
+            return b"".join(kept) if dropped else data
+
+
+def _pillow_open(data):
+    """The image of encoded bytes (a PNG's checked by
+    :func:`_png_as_libpng_reads_it` already), decoded whole by Pillow;
+    BadImage saying why when that fails."""
+    image_module = _pillow()
+    try:
+        image = image_module.open(_bytes_io.BytesIO(data))
+        image.load()
+    # Pillow's decoders fail with OSError, SyntaxError, ValueError, EOFError...
+    except Exception as e:  # pylint: disable=broad-except
+        raise BadImage(f"decoding failed: {type(e).__name__}: {str(e)[:200]}") from e
+    return image
+
+
+def _kind(info):
+    """How :class:`ImageInfo` describes an image in a sentence."""
+    if info.palette and info.fmt == "png":
+        return "palette PNG"
+    if not info.eight_bit:
+        return f"{info.depth}-bit {info.fmt.upper()}"
+    if info.fmt in ("png", "jpeg"):
+        return (f"{info.fmt.upper()} ({info.channels} channels)" if info.channels
+                else f"{info.fmt.upper()} (neither grey nor RGB)")
+    return info.fmt.upper()
+
+
+def decoded_shape(data):
+    """(height, width, channels) of encoded bytes, decoded whole as
+    TensorFlow's ``decode_image(channels=0)`` does; BadImage saying why
+    decoding fails.
+
+    Without TensorFlow Pillow decodes the images that can be stored as they
+    are (8-bit grey or RGB PNG and JPEG files), after checking the CRCs of a
+    PNG's chunks as libpng does. Any other image is re-encoded by
+    TensorFlow, unless TensorFlow finds it unreadable: only TensorFlow can
+    tell, so it is a UsageError naming TensorFlow.
+    """
+    tf = tf_optional.tensorflow()
+    if tf is None:
+        if data[:len(_PNG_SIGNATURE)] == _PNG_SIGNATURE:
+            # A damaged chunk fails here as in libpng, whatever the image is.
+            data = _png_as_libpng_reads_it(data)
+        info = probe_bytes(data)
+        if not (info.fmt in ("png", "jpeg") and info.channels in (1, 3) and info.eight_bit):
+            tf_optional.require(f"checking and re-encoding {_kind(info)} images",
+                                STORED_AS_THEY_ARE)
+        image = _pillow_open(data)
+        return (image.height, image.width, _PILLOW_CHANNELS.get(image.mode))
+    try:
+        return tuple(tf.io.decode_image(data, channels=0, expand_animations=False).shape)
+    except _decode_errors(tf) as e:
+        raise BadImage(f"decoding failed: {_decode_error(e)}") from e
+
+
 def inspect_image(data):
     """The :class:`ImageInfo` of encoded bytes, checked by decoding them fully.
 
@@ -222,14 +343,34 @@ def inspect_image(data):
         match the header (a truncated or damaged file).
     """
     info = probe_bytes(data)
-    try:
-        image = tf.io.decode_image(data, channels=0, expand_animations=False)
-    except _DECODE_ERRORS as e:
-        raise BadImage(f"decoding failed: {_decode_error(e)}") from e
-    if tuple(image.shape[:2]) != info.size:
-        raise BadImage(f"it decodes to {image.shape[0]}x{image.shape[1]} but its "
+    shape = decoded_shape(data)
+    if tuple(shape[:2]) != info.size:
+        raise BadImage(f"it decodes to {shape[0]}x{shape[1]} but its "
                        f"header says {info.height}x{info.width}")
     return info
+
+
+def check_storage(encoding, reencode, names, what="images"):
+    """UsageError naming the first file when storing ``names`` as planned
+    (``encoding``, and the files whose ``reencode`` flag is set) takes
+    TensorFlow and it is not installed: checked before anything is written."""
+    reencode = np.asarray(reencode, dtype=bool)
+    if encoding != "raw" and not reencode.any():
+        return
+    if encoding == "raw":
+        step = f"storing {what} as raw pixels, decoded and resized to one size"
+    else:
+        step = (f"re-encoding {int(reencode.sum())} of the {what} as PNG (the first: "
+                f"{names[int(np.flatnonzero(reencode)[0])]})")
+    tf_optional.require(step, STORED_AS_THEY_ARE)
+
+
+def pixels_need_tensorflow(infos, channels, size):
+    """Whether images of these :class:`ImageInfo` (raw pixels included) take
+    TensorFlow to become uint8 ``size + (channels,)`` pixels: a resize, or
+    colour made grey. Dropping alpha and repeating grey need none."""
+    return any(tuple(i.size) != tuple(size) or (channels == 1 and (i.channels or 3) >= 3)
+               for i in infos)
 
 
 def to_channels(image, channels):
@@ -242,6 +383,7 @@ def to_channels(image, channels):
         return image
     if channels == 3:
         return np.repeat(image, 3, axis=-1)
+    tf = tf_optional.require("converting colour images to grey", STORED_AS_THEY_ARE)
     return tf.image.rgb_to_grayscale(image).numpy()
 
 
@@ -250,6 +392,7 @@ def resize_pixels(image, size, nearest=False):
     already have it. ``nearest`` keeps values exact (class ids of masks)."""
     if size is None or tuple(image.shape[:2]) == tuple(size):
         return image
+    tf = tf_optional.require(f"resizing images to {size[0]}x{size[1]}", STORED_AS_THEY_ARE)
     if nearest:
         return tf.image.resize(image, size, method="nearest").numpy().astype(np.uint8)
     resized = tf.image.resize(image, size, method="bilinear", antialias=True)
@@ -259,6 +402,7 @@ def resize_pixels(image, size, nearest=False):
 def decode_pixels(data, channels, size=None, name="image"):
     """uint8 pixels (height, width, channels) of encoded bytes, resized to
     ``size`` when given; DataError naming ``name`` when decoding fails."""
+    tf = tf_optional.require(f"decoding {name} to pixels", STORED_AS_THEY_ARE)
     try:
         if data[:2] == b"BM" or data[:6] in (b"GIF87a", b"GIF89a"):
             # TensorFlow decodes these with their own channels only, and
@@ -273,7 +417,7 @@ def decode_pixels(data, channels, size=None, name="image"):
         else:
             image = tf.io.decode_image(data, channels=channels,
                                        expand_animations=False).numpy()
-    except _DECODE_ERRORS as e:
+    except _decode_errors(tf) as e:
         raise DataError(f"{name} is unreadable or corrupt: decoding failed "
                         f"({_decode_error(e)}). Remove or replace it.") from e
     return resize_pixels(image, size)
@@ -352,17 +496,23 @@ def image_bytes(path, reencode, channels, size, verify, expected):
     """
     data = io.read_bytes(path)
     if reencode:
-        return tf.io.encode_png(decode_pixels(data, channels, size, f"image {path}")).numpy()
+        return encode_png(decode_pixels(data, channels, size, f"image {path}"), f"image {path}")
     if verify:
         try:
-            image = tf.io.decode_image(data, channels=0, expand_animations=False)
-        except _DECODE_ERRORS as e:
-            raise DataError(f"image {path} is unreadable or corrupt: decoding failed "
-                            f"({_decode_error(e)}). Remove or replace it.") from e
-        if tuple(image.shape) != tuple(expected):
-            raise DataError(f"image {path} decodes to shape {tuple(image.shape)}, but "
+            shape = decoded_shape(data)
+        except BadImage as e:
+            raise DataError(f"image {path} is unreadable or corrupt: {e}. Remove or "
+                            f"replace it.") from e
+        if tuple(shape) != tuple(expected):
+            raise DataError(f"image {path} decodes to shape {tuple(shape)}, but "
                             f"its header promised {tuple(expected)}; the file is corrupt.")
     return data
+
+
+def encode_png(pixels, name):
+    """uint8 pixels as TensorFlow's PNG encoding (UsageError without it)."""
+    tf = tf_optional.require(f"re-encoding {name} as PNG", STORED_AS_THEY_ARE)
+    return tf.io.encode_png(pixels).numpy()
 
 
 def mask_ids(data, depth, name):
@@ -371,14 +521,19 @@ def mask_ids(data, depth, name):
     Masks of 16 bits, of 1, 2 or 4 bits per sample, and grey masks saved as
     RGB all give their ids back; a colour mask is a DataError naming ``name``.
     """
+    tf = tf_optional.tensorflow()
     try:
-        # 16-bit files decode as uint16 so their ids stay exact (asking
-        # for uint8 would rescale them).
-        mask = tf.io.decode_png(
-            data, channels=0, dtype=tf.uint16 if depth == 16 else tf.uint8).numpy()
-    except _DECODE_ERRORS as e:
-        raise DataError(f"mask {name} is unreadable or corrupt: decoding failed "
-                        f"({_decode_error(e)}). Remove or replace it.") from e
+        if tf is None:
+            mask = _pillow_mask(data, depth, name)
+        else:
+            # 16-bit files decode as uint16 so their ids stay exact (asking
+            # for uint8 would rescale them).
+            mask = tf.io.decode_png(
+                data, channels=0, dtype=tf.uint16 if depth == 16 else tf.uint8).numpy()
+    except (BadImage,) + (_decode_errors(tf) if tf else ()) as e:
+        message = str(e) if isinstance(e, BadImage) else f"decoding failed ({_decode_error(e)})"
+        raise DataError(f"mask {name} is unreadable or corrupt: {message}. Remove or "
+                        f"replace it.") from e
     if depth < 8:
         # libpng stretches 1/2/4-bit samples to 0..255 (1 -> 255 for a
         # binary mask); undo it to get the stored class ids back.
@@ -403,7 +558,25 @@ def mask_bytes(path, reencode, depth, verify, expected):
     """
     if not reencode:
         return image_bytes(path, False, 1, None, verify, expected)
-    return tf.io.encode_png(mask_ids(io.read_bytes(path), depth, path)).numpy()
+    return encode_png(mask_ids(io.read_bytes(path), depth, path), f"mask {path}")
+
+
+def _pillow_mask(data, depth, name):
+    """A PNG mask's samples as TensorFlow's ``decode_png(channels=0)`` gives
+    them: (height, width, channels), samples of 1, 2 or 4 bits stretched to
+    0..255, 16-bit grey as uint16. Pillow narrows other 16-bit images to 8
+    bits, so those need TensorFlow."""
+    image = _pillow_open(_png_as_libpng_reads_it(data) if data[:8] == _PNG_SIGNATURE else data)
+    if image.mode == "1":
+        image = image.convert("L")
+    if image.mode not in _PILLOW_CHANNELS or (depth == 16 and image.mode not in (
+            "I", "I;16", "I;16B")):
+        tf_optional.require(f"reading the {depth}-bit {image.mode} mask {name}",
+                            STORED_AS_THEY_ARE)
+    mask = np.asarray(image)
+    if mask.dtype != np.uint8:
+        mask = mask.astype(np.uint16)
+    return mask.reshape(mask.shape[:2] + (-1,))
 
 
 def image_size_arg(image_size):

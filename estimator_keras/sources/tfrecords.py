@@ -8,7 +8,10 @@ every record once, and returns train and test :class:`TFRecordImportSource`
 whose images are decoded, converted and resized to one shape.
 
 Records are found again by their byte offset, so the writer can read them in
-any order; ``.gz`` files are first decompressed once into ``cache_dir``.
+any order; ``.gz`` files are first decompressed once into ``cache_dir``. They
+are read and parsed without TensorFlow (:func:`estimator_keras.record_files.read_records`,
+:mod:`estimator_keras.example_codec`); images that must be decoded, resized
+or re-encoded need it (see :mod:`estimator_keras.sources.images`).
 Feature names in the dataset must be plain names: a record key such as
 ``image/encoded`` becomes feature ``image`` (or what ``features`` says), and
 the label is always feature ``label``.
@@ -29,17 +32,18 @@ import struct
 import tempfile
 
 import numpy as np
-import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from estimator_keras import io
-from estimator_keras.errors import DataError, UsageError
+from estimator_keras import example_codec, io, record_files
+from estimator_keras.errors import CorruptRecordError, DataError, UsageError
 from estimator_keras.manifest import MANIFEST_NAME, compression_of
 from estimator_keras.schema import FeatureSpec
 from estimator_keras.sources.base import Source, as_indices, preview
 from estimator_keras.sources.images import (
-    BadImage, ImageInfo, channels_arg, decode_pixels, image_size_arg, inspect_image,
-    looks_like_image, plan_storage, resize_pixels, to_channels)
+    STORED_AS_THEY_ARE, BadImage, ImageInfo, channels_arg, decode_pixels,
+    encode_png, image_size_arg, inspect_image, looks_like_image, pixels_need_tensorflow,
+    plan_storage, resize_pixels, to_channels)
+from estimator_keras.tf_optional import require as require_tensorflow
 from estimator_keras.sources.layouts import check_fraction
 from estimator_keras.sources.scan import (
     Imported, Progress, Skipped, channels_note, hash_split, majority_channels, most_common_size,
@@ -56,6 +60,11 @@ _SKIPS_KEPT = 200  # per file; the rest are counted
 
 class _BadRecord(Exception):
     """A record left out; the message says why."""
+
+
+def _features(record):
+    """A serialized tf.train.Example's feature map (DecodeError when it is not one)."""
+    return example_codec.message_class("Example").FromString(record).features.feature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,15 +207,18 @@ def detect_columns(features, mapping=None, label=None):
 
 def first_features(path, compression):
     """The features of the first readable record of ``path``."""
+    found = record_files.read_records(path, compression)
     try:
-        for record in tf.data.TFRecordDataset(path, compression or "").take(1):
-            return tf.train.Example.FromString(record.numpy()).features.feature
-    except tf.errors.OpError as e:
+        for record in found:
+            return _features(record)
+    except (CorruptRecordError, OSError) as e:
         raise DataError(f"cannot read the first record of {path}: "
-                        f"{str(e).splitlines()[0][:300]}") from e
+                        f"{getattr(e, 'reason', e)}") from e
     except DecodeError as e:
         raise DataError(f"the first record of {path} is not a tf.train.Example "
                         f"({type(e).__name__}).") from e
+    finally:
+        found.close()
     raise DataError(f"{path} holds no records.")
 
 
@@ -258,12 +270,11 @@ def _scan_file(job):
         if len(skipped) < _SKIPS_KEPT:
             skipped.append(Skipped(f"{name} {what}", reason))
 
-    index = -1
     try:
-        for index, record in enumerate(tf.data.TFRecordDataset(local).as_numpy_iterator()):
+        for index, record in enumerate(record_files.read_records(local)):
             start, offset = offset, offset + len(record) + 16
             try:
-                features = tf.train.Example.FromString(record).features.feature
+                features = _features(record)
                 label = _label_value(features, label_key)
                 infos = {c.name: _image_info(features, c) for c in columns
                          if c.name in tables}
@@ -284,14 +295,8 @@ def _scan_file(job):
             if text_key and label not in texts and text_key in features:
                 values = features[text_key].bytes_list.value
                 texts[label] = values[0].decode("utf-8", "replace") if values else ""
-    except tf.errors.OpError as e:
-        skip(f"from record {index + 1} (byte {offset}) on",
-             f"unreadable: {str(e).splitlines()[0].split(' [Op:')[0][-200:]}")
-    else:
-        size = io.size(local)
-        if size != offset:
-            skip(f"from byte {offset} on", f"a truncated record ({size - offset} bytes "
-                 f"that do not make a whole record)")
+    except CorruptRecordError as e:
+        skip(f"from record {e.record} (byte {e.offset}) on", f"unreadable: {e.reason[-200:]}")
     return _FileScan(np.asarray(starts, np.int64), np.asarray(lengths, np.int64),
                      np.asarray(labels, np.int64),
                      {c: np.asarray(v, np.int32) for c, v in codes.items()},
@@ -377,7 +382,7 @@ class TFRecordImportSource(Source):
         if spec.encoding == "raw":
             return decode_pixels(value, spec.shape[2], spec.shape[:2], f"image {column.key}")
         if self._reencode[column.name][code]:
-            return tf.io.encode_png(decode_pixels(value, spec.shape[2])).numpy()
+            return encode_png(decode_pixels(value, spec.shape[2]), f"an image of {column.key!r}")
         return value
 
     def read(self, indices):
@@ -390,7 +395,7 @@ class TFRecordImportSource(Source):
             else:
                 out[name] = np.empty((len(idx),) + spec.shape, dtype=spec.dtype)
         for k, record in enumerate(self._records(idx)):
-            features = tf.train.Example.FromString(record).features.feature
+            features = _features(record)
             for column in self.columns:
                 code = self._codes[column.name][idx[k]] if column.name in self._codes else 0
                 out[column.name][k] = self._convert(
@@ -522,6 +527,13 @@ def tfrecord_splits(pattern, *, features=None, label=None, image_size=None, chan
         encoding, flags = plan_storage(table, ch, size)
         if column.kind == "raw_image":
             encoding = "raw"
+            if pixels_need_tensorflow(table, ch, size):
+                require_tensorflow(f"converting the raw images of {column.key!r} to "
+                                   f"{size[0]}x{size[1]}x{ch}", STORED_AS_THEY_ARE)
+        elif encoding == "raw" or flags.any():
+            require_tensorflow(f"storing the images of {column.key!r} as "
+                               f"{'raw pixels' if encoding == 'raw' else 'PNG re-encodings'}",
+                               STORED_AS_THEY_ARE)
         specs[column.name] = FeatureSpec(column.name, "uint8", size + (ch,), encoding)
         reencode[column.name] = flags
         start = 0

@@ -2,13 +2,15 @@
 (the catalog, an experiment's resolved configuration, an engine's registry
 entry, a dataset's records) and change nothing."""
 
+import importlib
+
 import yaml
 
 from estimator_keras import engines
 from estimator_keras.errors import UsageError
 from experiments.catalog import loading as catalog
 from experiments.catalog import registry
-from experiments.commands.common import experiment_config, tensorflow_module
+from experiments.commands.common import experiment_config
 from experiments.config import files as config_files
 
 
@@ -55,7 +57,9 @@ def cmd_show(args):
 
 
 def cmd_inspect(args):
-    verify = tensorflow_module("estimator_keras.verify")
+    # Loaded when inspect runs: the other commands start without the records
+    # layer (which needs no TensorFlow).
+    verify = importlib.import_module("estimator_keras.verify")
     report = verify.inspect(args.path, verify=args.verify)
     print(verify.format_report(report))
     return 1 if report.broken else 0
