@@ -24,7 +24,6 @@ Example::
 """
 
 import dataclasses
-import functools
 import io as bytes_io
 import itertools
 import logging
@@ -255,8 +254,11 @@ def make_dataset(data, batch_size, *, training, split=None, config=None, num_epo
     files, by_record = input_order.pipeline_files(resolved.files, num_shards, index)
     counts = _manifest_counts(resolved, files)
     source = ShardedRecords(files, resolved.compression, counts=counts)
-    per_file = counts or _counts_of(source, len(files))
-    share = _share(source, per_file, num_shards, index, by_record)
+    share = _share(source, source.counts, num_shards, index, by_record)
+    if training and not len(share):
+        raise DataError(f"input pipeline {index} of {num_shards} has no training records "
+                        f"(its files: {', '.join(files) or 'none'}): write the split with "
+                        f"records in every shard, or train with fewer processes.")
     decoder = BatchDecoder(resolved.schema, mapping, config.label, config.scale)
     per_epoch = max(1, math.ceil(len(share) / batch_size))
     if training:
@@ -307,33 +309,3 @@ def _manifest_counts(resolved, files):
             by_name[os.path.basename(shard.file)] = shard.num_examples
     counts = [by_name.get(os.path.basename(str(path))) for path in files]
     return None if None in counts else counts
-
-
-def _counts_of(source, num_files):
-    """Records per file, from the index."""
-    counts = [0] * num_files
-    for position in range(len(source)):
-        counts[source.file_of(position)[0]] += 1
-    return counts
-
-
-def make_input_fn(data, batch_size, *, training, split=None, config=None, num_epochs=None,
-                  shard=None, start_step=0, resume=None, **overrides):
-    """An ``input_fn`` over :func:`make_dataset`, as
-    :func:`estimator_keras.make_input_fn` is over tf.data's (the same
-    arguments; the files are resolved now)."""
-    input_config = dataclasses.replace(config or InputConfig(), **overrides)
-    resolved = records.resolve(data, split or ("train" if training else "test"))
-    feature_map(resolved.schema, input_config.features, input_config.label)
-    return input_order.resumable_input_fn(make_dataset, resolved, batch_size, training,
-                                          input_config, num_epochs, shard, start_step, resume)
-
-
-@functools.lru_cache(maxsize=None)
-def available():
-    """Whether Grain can be imported here."""
-    try:
-        _grain()
-    except UsageError:
-        return False
-    return True

@@ -252,6 +252,11 @@ class ShardedRecords:
     def __len__(self):
         return self._starts[-1]
 
+    @property
+    def counts(self):
+        """Records per file, in ``files``' order."""
+        return [end - start for start, end in zip(self._starts, self._starts[1:])]
+
     def __repr__(self):
         return (f"ShardedRecords({len(self.files)} files, {len(self)} records, "
                 f"compression={self.compression!r}, first={self.files[:1]})")

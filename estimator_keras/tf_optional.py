@@ -17,6 +17,7 @@ Example::
 """
 
 import functools
+import importlib.util
 
 from estimator_keras.errors import UsageError
 
@@ -28,14 +29,12 @@ INSTALL = ("pip install -e '.[cpu]' in your estimator-keras checkout (or pip ins
 def tensorflow():
     """The ``tensorflow`` module, or None when it is not installed.
 
-    Any other failure of the import (a broken install) is raised.
+    A failure of the import of an installed TensorFlow (a broken install) is
+    raised.
     """
-    try:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] != "tensorflow":
-            raise
+    if importlib.util.find_spec("tensorflow") is None:
         return None
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     return tf
 
 

@@ -142,6 +142,10 @@ def test_header_names_the_backend_and_devices():
     line = context.header_line(ExperimentConfig(name="x", description="", data=None), "none", 1,
                                parse_tf_config(env={}), "keras3", runs_on="jax, cpu")
     assert line.endswith("; engine keras3 (jax, cpu)"), line
+    line = context.header_line(ExperimentConfig(name="x", description="", data=None), "none", 1,
+                               parse_tf_config(env={}), "keras3", runs_on="jax, cpu",
+                               pipeline="grain")
+    assert line.endswith("; engine keras3 (jax, cpu); input grain"), line
     assert context.describe_devices("gpu", 1) == "gpu"
     assert context.describe_devices("gpu", 4) == "4 gpus"
     backend, platform, count = engines.backend_devices("estimator")
@@ -158,8 +162,8 @@ def test_cli_header_says_where_the_run_computes(tmp_path):
                      timeout=180)
     _one_error(rc, err, code=1)
     header = err.splitlines()[0]
-    assert re.search(r"; engine (estimator|keras|keras3) \(tensorflow, (cpu|gpu|\d+ gpus)\)$",
-                     header), header
+    assert re.search(r"; engine (estimator|keras|keras3) \(tensorflow, (cpu|gpu|\d+ gpus)\); "
+                     r"input tfdata$", header), header
 
 
 @needs_keras3
