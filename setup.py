@@ -91,9 +91,11 @@ setup(
         # reads the records without TensorFlow (estimator_keras/grain_inputs.py:
         # the TFRecord framing's CRCs, tf.train.Example, PNG and JPEG images);
         # fsspec and gcsfs: gs:// paths without tf.io.gfile (estimator_keras/io.py).
+        # Keras 3 itself (with TensorFlow, the cpu extra brings it too).
         "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}",
                 *(f"{name}; {NEW_PYTHON_311}" for name in (
-                    "grain>=0.2.12", "google-crc32c", "protobuf", "pillow", "fsspec", "gcsfs"))],
+                    "keras>=3.15,<4", "h5py", "grain>=0.2.12", "google-crc32c", "protobuf",
+                    "pillow", "fsspec", "gcsfs"))],
         "keras": ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22", "tensorboard", "h5py"],
         "keras-cpu": ["tensorflow-cpu>=2.16,<2.22", "tensorboard", "h5py"],
         "cloud": ["google-cloud-aiplatform", "google-cloud-storage"],
