@@ -158,8 +158,8 @@ def test_cli_header_says_where_the_run_computes(tmp_path):
                      timeout=180)
     _one_error(rc, err, code=1)
     header = err.splitlines()[0]
-    assert re.search(r"; engine (estimator|keras|keras3) \(tensorflow, (cpu|gpu|\d+ gpus)\)$",
-                     header), header
+    assert re.search(r"; engine (estimator|keras|keras3) \(tensorflow, (cpu|gpu|\d+ gpus)\); "
+                     r"input tfdata$", header), header
 
 
 @needs_keras3
