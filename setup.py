@@ -67,7 +67,8 @@ setup(
     #                                  (estimator and keras engines);
     #                                  Python >= 3.12: TF 2.21 + Keras 3 (keras3 engine)
     #   pip install -e '.[gpu]'        the same with CUDA
-    #   pip install -e '.[jax]'        JAX on CPU, for KERAS_BACKEND=jax (keras3 engine)
+    #   pip install -e '.[jax]'        JAX on CPU and Keras 3, for KERAS_BACKEND=jax (keras3
+    #                                  engine; with TensorFlow or without it)
     #   pip install -e '.[keras]'      TF 2.16-2.21 + tf-keras (keras engine)
     #   pip install -e '.[keras-cpu]' && pip install --no-deps "tf-keras~=2.21.0"
     #       the same on tensorflow-cpu (tf-keras would pull in the full tensorflow)
@@ -91,7 +92,8 @@ setup(
         # reads the records without TensorFlow (estimator_keras/grain_inputs.py:
         # the TFRecord framing's CRCs, tf.train.Example, PNG and JPEG images);
         # fsspec and gcsfs: gs:// paths without tf.io.gfile (estimator_keras/io.py).
-        # Keras 3 itself (with TensorFlow, the cpu extra brings it too).
+        # Keras 3 and h5py (the exports' model.h5 and weights.h5): the keras3
+        # engine without TensorFlow, which brings them otherwise.
         "jax": [f"jax[cpu]>=0.4.34,!=0.12.1; {NEW_PYTHON_311}",
                 *(f"{name}; {NEW_PYTHON_311}" for name in (
                     "keras>=3.15,<4", "h5py", "grain>=0.2.12", "google-crc32c", "protobuf",

@@ -14,13 +14,17 @@ An Estimator checkpoint loads correctly into Keras only into an *uncompiled*
 model with ``model.load_weights(prefix)``: ``tf.train.Checkpoint(model=m).restore``
 silently restores wrong weights.
 
-TensorFlow is imported by the functions that read a checkpoint.
+TensorFlow is imported by the functions that read a checkpoint. Without it
+installed, a model dir with a TensorFlow checkpoint is refused, by its file
+names, rather than taken for an empty one.
 """
 
+import importlib.util
 import os
 import tempfile
 
-from estimator_keras.errors import CheckpointMismatchError, ModelDirError
+from estimator_keras import io
+from estimator_keras.errors import CheckpointMismatchError, ConfigError, ModelDirError
 
 # pylint: disable=import-outside-toplevel  (TensorFlow, where a TF checkpoint is read)
 
@@ -31,9 +35,31 @@ _STEP_KEYS = ("estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE", "global_step",
 
 def tf_checkpoint(model_dir):
     """The newest TensorFlow checkpoint prefix (estimator or keras engine)
-    in ``model_dir``, or None."""
+    in ``model_dir``, or None.
+
+    Raises:
+      ConfigError: TensorFlow is not installed and ``model_dir`` holds a
+        TensorFlow checkpoint (its state file or an ``.index`` file).
+    """
+    if importlib.util.find_spec("tensorflow") is None:
+        _refuse_without_tensorflow(model_dir)
+        return None
     import tensorflow as tf
     return tf.train.latest_checkpoint(str(model_dir))
+
+
+def _refuse_without_tensorflow(model_dir):
+    model_dir = str(model_dir)
+    found = sorted(io.glob(io.join(model_dir, "*.index")))
+    state = io.join(model_dir, "checkpoint")
+    if not found and not io.exists(state):
+        return
+    what = io.basename(found[-1])[:-len(".index")] if found else "its checkpoint state file"
+    raise ConfigError(
+        f"{model_dir} holds a TensorFlow checkpoint ({what}) of the estimator or keras engine, "
+        f"and reading one needs TensorFlow, which is not installed here: pip install "
+        f"tensorflow-cpu to continue it (the keras3 engine continues it on any backend), or "
+        f"train into a fresh --model-dir.")
 
 
 def latest_checkpoint(model_dir):

@@ -18,6 +18,8 @@ and writes:
 The export is built under a temporary name and swapped in with renames, so
 an interrupted export leaves the previous one intact.
 :func:`export_if_best` keeps ``MODEL_DIR/best`` for the best evaluation.
+TensorFlow is imported by the Keras 2 export alone (:func:`export_model`):
+the rest serves the keras3 engine's exports too, with or without it.
 
 Example::
 
@@ -32,13 +34,13 @@ import logging
 import tempfile
 import threading
 
-import tensorflow as tf
-
 from estimator_keras import checkpoints, io
 from estimator_keras.errors import ModelDirError
 from estimator_keras.modeldir import pid_alive
 from estimator_keras.signatures import (serving_input_names, serving_output_names,
                                         serving_signatures)
+
+# pylint: disable=import-outside-toplevel  (TensorFlow, for a Keras 2 model's export)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ def serving_functions(model, schema=None, features=None, class_names=None,
                       output_activation=None):
     """The two SavedModel signatures of a Keras 2 model (see
     :func:`estimator_keras.signatures.serving_signatures`)."""
+    import tensorflow as tf
+
     specs = {name: tf.TensorSpec(shape=t.shape, dtype=t.dtype, name=name)
              for name, t in zip(model.input_names, model.inputs)}
     return serving_signatures(lambda inputs: model(inputs, training=False), specs,
@@ -104,6 +108,8 @@ def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, feat
     Returns:
       The export directory.
     """
+    import tensorflow as tf
+
     model_dir = str(model_dir)
     checkpoint = checkpoint or checkpoints.latest_checkpoint(model_dir)
     export_dir = str(export_dir or io.join(model_dir, EXPORT_DIR)).rstrip("/")

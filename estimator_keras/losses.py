@@ -60,9 +60,9 @@ def keras_module(model):
         # The first class from a Keras package: the user's own subclasses come first.
         if hasattr(package, "losses") and hasattr(package, "Model"):
             return package
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    return tf.keras
+    # pylint: disable-next=import-outside-toplevel
+    from estimator_keras.engines.keras_setup import keras_api
+    return keras_api()
 
 
 def _parameters(cls):

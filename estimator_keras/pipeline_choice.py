@@ -20,10 +20,24 @@ import importlib.util
 from estimator_keras.errors import ConfigError
 
 PIPELINES = ("tfdata", "grain", "auto")
+# The module each pipeline reads with; tf.data's is TensorFlow.
+_PIPELINE_MODULES = {"tfdata": "tensorflow", "grain": "grain"}
 
 
 def tensorflow_installed():
     return importlib.util.find_spec("tensorflow") is not None
+
+
+def tensorflow_free(backend):
+    """The pipelines that feed ``backend`` (a registry
+    :class:`~estimator_keras.engines.registry.Backend`) without TensorFlow,
+    whether installed or not."""
+    return tuple(p for p in backend.pipelines if p != "tfdata")
+
+
+def installed(pipeline):
+    """Whether the module ``pipeline`` reads with is installed here."""
+    return importlib.util.find_spec(_PIPELINE_MODULES[pipeline]) is not None
 
 
 def choose(setting, backend, engine="this engine"):
@@ -58,7 +72,7 @@ def choose(setting, backend, engine="this engine"):
             f"data.pipeline=tfdata needs TensorFlow, which is not installed here: pip install "
             f"tensorflow-cpu, or set data.pipeline to grain or auto"
             f"{' (Grain feeds ' + on + ')' if 'grain' in feeds else ''}.")
-    if setting == "grain" and importlib.util.find_spec("grain") is None:
+    if setting == "grain" and not installed("grain"):
         raise ConfigError(
             f"{why} needs Grain, which is not installed here: pip install grain (it comes with "
             f"pip install -e '.[jax]'), or set data.pipeline to tfdata.")

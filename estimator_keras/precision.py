@@ -7,6 +7,7 @@ exports and evaluations of the same checkpoint may build the model in
 float32.
 """
 
+import importlib.util
 import os
 
 from estimator_keras.errors import ConfigError
@@ -54,6 +55,9 @@ def resolve(precision, has_gpu=None, cpuinfo="/proc/cpuinfo", no_bfloat16=""):
         return precision, "as configured"
     if no_bfloat16:
         return FLOAT32, no_bfloat16
+    if has_gpu is None and importlib.util.find_spec("tensorflow") is None:
+        # Its gain was measured on TensorFlow's oneDNN kernels only.
+        return FLOAT32, "TensorFlow is not installed: auto picks bfloat16 for its oneDNN kernels"
     if has_gpu is None:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -82,14 +86,16 @@ def with_policy(build_model, policy):
         return build_model
 
     def build():
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        # pylint: disable-next=import-outside-toplevel  (TensorFlow, where installed)
+        from estimator_keras.engines.keras_setup import keras_api
+        keras = keras_api()
 
-        previous = tf.keras.mixed_precision.global_policy()
-        tf.keras.mixed_precision.set_global_policy(policy)
+        previous = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy(policy)
         try:
             model = build_model()
         finally:
-            tf.keras.mixed_precision.set_global_policy(previous)
+            keras.mixed_precision.set_global_policy(previous)
         last = model.layers[-1]
 
         def clone(layer):
@@ -98,7 +104,7 @@ def with_policy(build_model, policy):
                 config["dtype"] = FLOAT32
             return layer.__class__.from_config(config)
 
-        return tf.keras.models.clone_model(model, clone_function=clone)
+        return keras.models.clone_model(model, clone_function=clone)
 
     return build
 

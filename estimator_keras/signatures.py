@@ -10,12 +10,13 @@ outputs returns ``output_0``, ``output_1``, ... in its outputs' order.
 
 Keras names an unnamed ``Input`` or layer from a per-process counter
 (``keras_tensor_22``, ``dense_2``), so the model's own names differ from one
-export of a checkpoint to the next; the signature never shows them."""
+export of a checkpoint to the next; the signature never shows them.
 
-import tensorflow as tf
+TensorFlow is imported by the signatures alone: the names they take and
+return are known without it (an export without TensorFlow has no
+SavedModel, but lists them in export.json all the same)."""
 
 from estimator_keras.errors import SchemaError
-from estimator_keras.inputs import parse_examples_fn
 from estimator_keras.model_inputs import bind_inputs
 from estimator_keras.schema import feature_map
 
@@ -53,7 +54,7 @@ def serving_output_names(output_shapes, class_names=None):
     names = [PROBABILITIES]
     if _has_classes(output_shapes[0]):
         names.append(CLASS_ID)
-    if _class_names(output_shapes, class_names) is not None:
+    if _names_classes(output_shapes, class_names):
         names.append(CLASS_NAME)
     return names
 
@@ -76,7 +77,13 @@ def serving_signatures(call, specs, output_shapes, *, schema=None, features=None
         (trained with ``from_logits``): applied to its output.
       autograph: False where ``call`` must be traced as written (Keras 3).
     """
-    names = _class_names(output_shapes, class_names)
+    # pylint: disable=import-outside-toplevel  (see the module docstring)
+    import tensorflow as tf
+
+    from estimator_keras.inputs import parse_examples_fn
+
+    names = (tf.constant([str(n) for n in class_names])
+             if _names_classes(output_shapes, class_names) else None)
     served = serving_input_names(specs, schema, features)
 
     def outputs(inputs):
@@ -127,12 +134,10 @@ def _has_classes(shape):
     return len(shape) >= 2 and shape[-1] is not None and shape[-1] > 1
 
 
-def _class_names(output_shapes, class_names):
-    """The names as a string tensor when the model is a classifier over
-    exactly those classes (one output of shape (batch, classes)), else None."""
+def _names_classes(output_shapes, class_names):
+    """Whether the model is a classifier over exactly ``class_names`` (one
+    output of shape (batch, classes)): its signatures then return them."""
     if not class_names or len(output_shapes) != 1:
-        return None
+        return False
     shape = tuple(output_shapes[0])
-    if len(shape) != 2 or shape[-1] != len(class_names):
-        return None
-    return tf.constant([str(n) for n in class_names])
+    return len(shape) == 2 and shape[-1] == len(class_names)

@@ -7,7 +7,10 @@ runs (the trials of a study) and the HParams dashboard lists them side by side,
 one row per run, its metric columns inferred from those scalars.
 
 Works with TensorFlow 2.15 and 2.16+ with the ``tensorboard`` package (which
-TensorFlow 2.16+ no longer installs: the ``keras`` extras bring it).
+TensorFlow 2.16+ no longer installs: the ``keras`` extras bring it). Without
+either nothing is written (:func:`missing` says why): ``tf.summary`` writes
+the event files, so a run without TensorFlow (the keras3 engine on JAX) has
+no summaries.
 
 :class:`ScalarWriter` appends scalars to one event file and flushes them at
 once: the engines write each evaluation's numbers with it, so that a
@@ -27,8 +30,6 @@ import concurrent.futures
 import importlib
 import importlib.util
 import numbers
-
-import tensorflow as tf
 
 from estimator_keras import io
 
@@ -63,16 +64,29 @@ def _numbers(metrics):
 def _eagerly(fn, *args):
     """Runs ``fn(*args)`` eagerly: here, or inside a graph (an Estimator's:
     the default graph is per thread) in a new thread."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see missing())
+
     if tf.executing_eagerly():
         return fn(*args)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(fn, *args).result()
 
 
+def missing():
+    """Why no summaries are written here, in a few words; "" where they are.
+    tf.summary's scalar and the HParams plugin come with the tensorboard
+    package, which TensorFlow 2.16+ no longer installs (the keras extras do),
+    and write with TensorFlow."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return ("TensorFlow is not installed (tf.summary writes them: pip install "
+                "tensorflow-cpu tensorboard)")
+    if importlib.util.find_spec("tensorboard") is None:
+        return "TensorBoard is not installed (pip install tensorboard)"
+    return ""
+
+
 def _have_tensorboard():
-    # tf.summary's scalar and the HParams plugin come with the tensorboard
-    # package, which TensorFlow 2.16+ no longer installs (the keras extras do).
-    return importlib.util.find_spec("tensorboard") is not None
+    return not missing()
 
 
 def write_hparams(log_dir, hparams, metrics, step=0):
@@ -90,7 +104,8 @@ def write_hparams(log_dir, hparams, metrics, step=0):
 
     Returns:
       The event file written, or None without the ``tensorboard`` package
-      (TensorFlow 2.16+ does not install it; the ``keras`` extras do).
+      (TensorFlow 2.16+ does not install it; the ``keras`` extras do) or
+      without TensorFlow.
     """
     if not _have_tensorboard():
         return None
@@ -105,6 +120,8 @@ def write_hparams(log_dir, hparams, metrics, step=0):
 
 def _write(log_dir, values, numbers, step):
     # An optional package: imported only where it is installed.
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     hp = importlib.import_module("tensorboard.plugins.hparams.api")
     writer = tf.summary.create_file_writer(log_dir)
     try:
@@ -121,7 +138,8 @@ class ScalarWriter:
     """Scalars into one event file in ``log_dir`` (local or ``gs://``, created
     on the first write), flushed after every write so that a TensorBoard
     reading the folder shows them while the run goes on. Call it eagerly or
-    inside a graph. Without the ``tensorboard`` package it writes nothing."""
+    inside a graph. Without the ``tensorboard`` package or TensorFlow it
+    writes nothing."""
 
     def __init__(self, log_dir):
         self.log_dir = str(log_dir)
@@ -135,6 +153,8 @@ class ScalarWriter:
             _eagerly(self._write, numbers, int(step))
 
     def _write(self, numbers, step):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
         if self._writer is None:
             io.makedirs(self.log_dir)
             self._writer = tf.summary.create_file_writer(self.log_dir)

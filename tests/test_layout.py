@@ -47,7 +47,16 @@ TF_FREE = ("estimator_keras", "estimator_keras.errors", "estimator_keras.io",
            "experiments.catalog.loading", "experiments.config.types", "experiments.config.files",
            "experiments.config.data_info", "experiments.config.hparams", "experiments.catalog.datasets",
            "experiments.commands.prepare", "experiments.tuning.runner", "experiments.commands.tune",
-           "experiments.commands.submit", "experiments.commands.cluster")
+           "experiments.commands.submit", "experiments.commands.cluster",
+           "estimator_keras.engines.optimizers", "estimator_keras.summaries",
+           "estimator_keras.signatures", "estimator_keras.export", "estimator_keras.checkpoints",
+           "estimator_keras.losses", "estimator_keras.precision", "estimator_keras.order_state",
+           "estimator_keras.engines.keras3.export", "estimator_keras.engines.keras3.advice",
+           "estimator_keras.pipeline_choice", "estimator_keras.engines.keras_setup",
+           "experiments.catalog.models", "experiments.catalog.shapes",
+           "estimator_keras.distribute.groups", "estimator_keras.model_inputs",
+           "estimator_keras.input_config", "experiments.commands.train",
+           "experiments.commands.evaluate", "experiments.commands.export")
 MAX_LINES = 600
 
 

@@ -10,7 +10,8 @@ a strategy.
 TensorFlow is imported only by the functions that build strategies or count
 GPUs: parsing ``TF_CONFIG``, choosing a strategy and the strategies that need
 no object ("none", "parameter_server") leave it unloaded, so ps tasks and
-tools that only plan a run stay cheap.
+tools that only plan a run stay cheap. Without TensorFlow installed there
+are no GPUs of its to count, and a strategy that needs an object is refused.
 
 Example::
 
@@ -19,6 +20,7 @@ Example::
     config = tf.estimator.RunConfig(train_distribute=make_train_distribute(name))
 """
 
+import importlib.util
 import logging
 
 from estimator_keras.distribute.tf_config import describe_cluster, parse_tf_config, short_json
@@ -30,9 +32,15 @@ STRATEGIES = ("auto", "none", "mirrored", "multi_worker_mirrored", "parameter_se
 CONCRETE_STRATEGIES = STRATEGIES[1:]
 
 
-def _tensorflow():
+def _tensorflow(strategy=None):
     # Imported here, not at the top: see the module docstring. Importing it is
     # not an eager op, so a MultiWorkerMirroredStrategy built right after is fine.
+    if strategy and importlib.util.find_spec("tensorflow") is None:
+        raise ConfigError(
+            f"strategy {strategy!r} is TensorFlow's tf.distribute, and TensorFlow is not "
+            f"installed here. Use --strategy none (or auto) in one process, several JAX "
+            f"processes with the keras3 engine (KERAS_BACKEND=jax, `cluster --workers N`), or "
+            f"install TensorFlow (pip install -e '.[cpu]').")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     return tf
 
@@ -110,7 +118,10 @@ def choose_strategy(requested, cluster_info, num_gpus):
 
 
 def local_gpu_count():
-    """Number of GPUs TensorFlow sees in this process (imports TensorFlow)."""
+    """Number of GPUs TensorFlow sees in this process (imports TensorFlow);
+    0 where it is not installed."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return 0
     return len(_tensorflow().config.list_physical_devices("GPU"))
 
 
@@ -162,9 +173,9 @@ def make_train_distribute(strategy_name, num_gpus=None, cluster_info=None):
             raise ConfigError(
                 "MultiWorkerMirroredStrategy cannot run in a cluster with 'ps' tasks; use "
                 "strategy 'parameter_server'.")
-        return _tensorflow().distribute.MultiWorkerMirroredStrategy()
+        return _tensorflow(strategy_name).distribute.MultiWorkerMirroredStrategy()
 
-    tf = _tensorflow()
+    tf = _tensorflow(strategy_name)
     if num_gpus is None:
         num_gpus = len(tf.config.list_physical_devices("GPU"))
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:

@@ -7,8 +7,8 @@
   TensorFlow 2.15+; on 2.16+ with Keras 2 from the ``tf-keras`` package):
   :mod:`estimator_keras.engines.keras`.
 - ``keras3``: ``Model.fit`` of Keras 3 (TensorFlow 2.16+), on the backend that
-  ``KERAS_BACKEND`` names (tensorflow or jax):
-  :mod:`estimator_keras.engines.keras3`.
+  ``KERAS_BACKEND`` names (tensorflow or jax; without TensorFlow, jax with
+  the Grain input pipeline): :mod:`estimator_keras.engines.keras3`.
 
 Each is one package holding all that is its own, and one
 :class:`~estimator_keras.engines.registry.Entry` (in the package's
@@ -30,10 +30,11 @@ Example::
 import importlib
 import importlib.util
 import os
+import sys
 
 from estimator_keras.engines.keras_setup import (  # noqa: F401  (this module's API)
     BACKEND_VARIABLE, LEGACY_KERAS_VARIABLE, backend_devices, check_backend, check_model_keras,
-    keras_backend, prefer_legacy_keras)
+    keras_api, keras_backend, prefer_legacy_keras)
 from estimator_keras.engines import keras_setup, registry
 from estimator_keras.errors import ConfigError
 
@@ -60,10 +61,15 @@ def choices():
 
 def statuses():
     """(engine, available, what this environment offers for it) for each
-    engine, from package metadata alone: quick, and TensorFlow is not imported."""
+    engine, from package metadata alone: quick, and TensorFlow is not imported.
+    Without TensorFlow, only an engine with a Keras 3 backend that an input
+    pipeline feeds without it may run: its entry's status is asked with None."""
     tf_version = keras_setup.tensorflow_installed_version()
     if tf_version is None:
-        return [(e, False, "not available: TensorFlow is not installed") for e in names()]
+        return [(entry.name, *entry.status(None))
+                if keras_setup.tensorflow_free_backends(entry.name) else
+                (entry.name, False, "not available: TensorFlow is not installed")
+                for entry in registry.entries()]
     return [(entry.name, *entry.status(tf_version)) for entry in registry.entries()]
 
 
@@ -135,7 +141,11 @@ def check_keras3_installed(engine):
 
 
 def keras_major_version():
-    """2 when ``tf.keras`` is Keras 2 (TF 2.15's own, or tf-keras), else 3."""
+    """2 when ``tf.keras`` is Keras 2 (TF 2.15's own, or tf-keras), else 3;
+    without TensorFlow, 3 where Keras 3 is installed (the builders' Keras,
+    see :func:`~estimator_keras.engines.keras_setup.keras_api`), else None."""
+    if not keras_setup.tensorflow_installed():
+        return 3 if keras_setup.keras3_installed_version() else None
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     try:
@@ -164,6 +174,7 @@ def tensorflow_version():
 
 def check_keras2(engine):
     """Raises ConfigError unless ``tf.keras`` is Keras 2, which both engines need."""
+    check_tensorflow(engine)
     major = keras_major_version()
     if major == 2:
         return
@@ -179,6 +190,16 @@ def check_keras2(engine):
         f"'tf-keras~={'.'.join(version.split('.')[:2])}.0'` and set {LEGACY_KERAS_VARIABLE}=1 "
         f"before TensorFlow is imported (importing estimator_keras before tensorflow sets it "
         f"when tf-keras is installed).")
+
+
+def check_tensorflow(engine):
+    """Raises ConfigError where TensorFlow, which a Keras 2 engine trains
+    with, is not installed."""
+    if not keras_setup.tensorflow_installed():
+        raise ConfigError(f"the {engine} engine trains Keras 2 models with TensorFlow, which is "
+                          f"not installed here ({sys.executable}). "
+                          f"{_engines_here()}, or install TensorFlow with this package's "
+                          f"extras (`pip install -e '.[cpu]'`).")
 
 
 def check_cluster(engine, ps=None, evaluator=None, workers=None, strategy=None,
@@ -258,6 +279,8 @@ def resolve_engine(requested="auto", model_dir=None):
     entry = registry.get(requested)
     if entry.keras == 3:
         check_keras3(requested)
+    else:
+        check_tensorflow(requested)
     why = _cannot_run(entry)
     if why:
         raise ConfigError(f"{why} {_engines_here()}.")

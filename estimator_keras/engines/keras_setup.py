@@ -5,10 +5,13 @@ when ``TF_USE_LEGACY_KERAS`` is true when ``tf.keras`` is first touched, and
 Keras 3 (the ``keras`` package, on the backend that ``KERAS_BACKEND`` or
 ``keras.json`` names) otherwise. The estimator and keras engines need Keras 2,
 the keras3 engine Keras 3; the same builder (``tf.keras``) serves all three,
-so the choice must be made before TensorFlow or Keras is imported. Everything
-here decides from the environment and package metadata, without importing
-TensorFlow, Keras or JAX, except where they are already imported and in
-:func:`backend_devices`, which asks the backend once the engine runs.
+so the choice must be made before TensorFlow or Keras is imported. Without
+TensorFlow, the ``keras`` package is the builders' Keras (:func:`keras_api`),
+and a Keras 3 engine trains on a backend that an input pipeline of its own
+feeds (JAX and Grain). Everything here decides from the environment and
+package metadata, without importing TensorFlow, Keras or JAX, except where
+they are already imported and in :func:`backend_devices` and
+:func:`keras_api`, which the engine calls once it runs.
 """
 
 import collections.abc
@@ -43,6 +46,25 @@ def version_tuple(version):
 
 def tensorflow_installed_version():
     return installed_version(*TENSORFLOW_DISTRIBUTIONS)
+
+
+def tensorflow_installed():
+    """Whether ``import tensorflow`` can succeed here (or already has)."""
+    return "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is not None
+
+
+def keras_api():
+    """The Keras module that model builders, metrics and schedules use:
+    ``tf.keras`` where TensorFlow is installed (Keras 2 or Keras 3, as
+    :func:`~estimator_keras.engines.prepare_keras` chose), else the
+    ``keras`` package, Keras 3, which a Keras 3 engine trains without
+    TensorFlow. Imports it."""
+    # pylint: disable=import-outside-toplevel
+    if not tensorflow_installed():
+        import keras
+        return keras
+    import tensorflow as tf
+    return tf.keras
 
 
 def keras3_installed_version():
@@ -155,11 +177,13 @@ def check_backend(environ=os.environ, engine=None):
     spec = _backend(backend)
     if not backend_installed(backend):
         missing = [m for m in spec.modules if importlib.util.find_spec(m) is None]
+        here = [name for name in names if backend_installed(name)]
         raise ConfigError(
             f"{origin} asks Keras 3 for the {backend} backend, but {' and '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not installed in this environment "
-            f"({sys.executable}). Install with {spec.install}, or unset "
-            f"{BACKEND_VARIABLE} to train on Keras' default backend ({KERAS_DEFAULT_BACKEND}).")
+            f"({sys.executable}). Install with {spec.install}"
+            + (f", or set {BACKEND_VARIABLE}={here[0]} (installed here; Keras takes "
+               f"{KERAS_DEFAULT_BACKEND} where {BACKEND_VARIABLE} is unset)." if here else "."))
     keras = sys.modules.get("keras")
     version = getattr(keras, "__version__", "") if keras is not None else ""
     if version_tuple(version) >= (3,):
@@ -215,9 +239,7 @@ def no_keras3_message(tf_version=None, engine=None):
     tf_version = tf_version or tensorflow_installed_version()
     keras_version = installed_version("keras")
     if tf_version is None:
-        return (f"TensorFlow is not installed ({who} reads its input with "
-                "tf.data): pip install -e '.[cpu]' on Python 3.12+ brings TensorFlow 2.21 "
-                "and Keras 3")
+        return _no_keras3_without_tensorflow(who, engine)
     if version_tuple(tf_version) < (2, 16):
         return (f"TensorFlow {tf_version} comes with Keras 2; {who} needs "
                 f"TensorFlow 2.16+ and Keras 3 (pip install -e '.[cpu]' on Python 3.12+, '.[keras-cpu]' "
@@ -227,6 +249,50 @@ def no_keras3_message(tf_version=None, engine=None):
         return (f"Keras 3 is not installed ({found} beside TensorFlow {tf_version}): pip "
                 f"install 'keras>=3.15,<4'")
     return None
+
+
+_WITH_TENSORFLOW = "pip install -e '.[cpu]' on Python 3.12+ brings TensorFlow 2.21 and Keras 3"
+
+
+def tensorflow_free_backends(engine=None):
+    """[(Backend, pipelines)]: the Keras 3 backends of ``engine``'s registry
+    entry (None: of every engine) that an input pipeline feeds without
+    TensorFlow, with those pipelines, installed or not."""
+    from estimator_keras import pipeline_choice  # pylint: disable=import-outside-toplevel
+    from estimator_keras.engines import registry  # pylint: disable=import-outside-toplevel
+    entries = [registry.get(engine)] if engine else registry.entries()
+    found = []
+    for entry in entries:
+        for backend in entry.keras_backends:
+            pipelines = pipeline_choice.tensorflow_free(backend)
+            if pipelines and backend.name not in [b.name for b, _ in found]:
+                found.append((backend, pipelines))
+    return found
+
+
+def _no_keras3_without_tensorflow(who, engine):
+    """Why a Keras 3 engine cannot train here without TensorFlow; None where
+    Keras 3, a backend that a TensorFlow-free pipeline feeds, and that
+    pipeline are installed."""
+    from estimator_keras import pipeline_choice  # pylint: disable=import-outside-toplevel
+    candidates = tensorflow_free_backends(engine)
+    has_keras3 = keras3_installed_version() is not None
+    for backend, pipelines in candidates:
+        if has_keras3 and backend_installed(backend.name) and any(
+                pipeline_choice.installed(p) for p in pipelines):
+            return None
+    if not candidates:
+        return (f"TensorFlow is not installed ({who} reads its input with tf.data): "
+                f"{_WITH_TENSORFLOW}")
+    backend, pipelines = candidates[0]
+    missing = ((["Keras 3"] if not has_keras3 else [])
+               + [m for m in backend.modules if importlib.util.find_spec(m) is None]
+               + [p for p in pipelines if not pipeline_choice.installed(p)])
+    return (f"TensorFlow is not installed, and without it {who} trains only on Keras 3's "
+            f"{backend.name} backend with the {' or '.join(pipelines)} input pipeline, which "
+            f"need{'s' if len(missing) == 1 else ''} {', '.join(missing)} installed too: "
+            f"install {'it' if len(missing) == 1 else 'them'} with {backend.install} and set "
+            f"{BACKEND_VARIABLE}={backend.name}; or {_WITH_TENSORFLOW}")
 
 
 def use_keras3(environ=os.environ, engine=None):

@@ -4,14 +4,14 @@
 otherwise swaps them silently); the keras engine asks Keras 2 for one by
 name and learning rate, which gives the legacy class too
 (:func:`keras_optimizer`); the keras3 engine takes Keras 3's. Weights and
-exports are the same either way.
+exports are the same either way. TensorFlow is imported by the Keras 2
+optimizers alone: the keras3 engine trains without it.
 """
 
 import dataclasses
 import inspect
 
-import tensorflow as tf
-
+from estimator_keras.engines import keras_setup
 from estimator_keras.errors import ConfigError
 
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "adadelta", "ftrl")
@@ -30,7 +30,7 @@ def learning_rate(peak, decay="constant", total_steps=None):
     if decay == "constant":
         return peak
     if decay == "cosine":
-        return tf.keras.optimizers.schedules.CosineDecay(
+        return keras_setup.keras_api().optimizers.schedules.CosineDecay(
             initial_learning_rate=peak, decay_steps=max(1, int(total_steps)), alpha=0.1)
     raise ConfigError(f"unknown learning_rate_decay {decay!r}; expected one of "
                       f"{', '.join(LEARNING_RATE_DECAYS)}.")
@@ -99,6 +99,8 @@ def legacy_optimizer(name_or_optimizer, learning_rate=None, **kwargs):
 
         model.compile(optimizer=legacy_optimizer("adam", 1e-3), loss=...)
     """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (Keras 2 only)
+
     legacy = tf.keras.optimizers.legacy
     if isinstance(name_or_optimizer, legacy.Optimizer):
         return name_or_optimizer
@@ -129,6 +131,8 @@ def keras_optimizer(name, learning_rate=None):
     optimizer slots as the Estimator's, which is what lets an optimizer's
     state move between the engines (see
     :mod:`estimator_keras.engines.keras3.migration`)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (Keras 2 only)
+
     config = {} if learning_rate is None else {"learning_rate": learning_rate}
     return tf.keras.optimizers.get({"class_name": _check_name(name), "config": config})
 

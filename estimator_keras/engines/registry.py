@@ -109,7 +109,9 @@ class Entry:
     """One line for the docs' engine table: what it trains with."""
     status: Callable[[str], Tuple[bool, str]]
     """``fn(tensorflow_version) -> (available, text)``, from package metadata
-    alone; ``list`` shows the text."""
+    alone; ``list`` shows the text. Where TensorFlow is not installed, it is
+    asked with None, and only of an entry with a Keras 3 backend that an
+    input pipeline feeds without TensorFlow (the others are not available)."""
     keras: int
     """The Keras major version it needs as ``tf.keras`` (2 or 3)."""
     cluster: Cluster

@@ -12,12 +12,17 @@ exported model predicts correctly for a user who knows nothing of the input
 pipeline. Only built-in Keras layers are used: ``model.h5`` then loads with
 ``tf.keras.models.load_model(path, compile=False)`` and no custom objects.
 
-TensorFlow is imported inside each builder: the experiment modules that name
-these builders are imported to list experiments, which needs no TensorFlow.
+Each builder takes its Keras from
+:func:`~estimator_keras.engines.keras_setup.keras_api` when it runs:
+``tf.keras`` where TensorFlow is installed (Keras 2 for the estimator and
+keras engines, Keras 3 for keras3), else Keras 3's own ``keras`` package.
+The experiment modules that name these builders are imported to list
+experiments, which needs neither TensorFlow nor Keras.
 """
 
 import logging
 
+from estimator_keras.engines.keras_setup import keras_api
 from estimator_keras.errors import ConfigError
 
 logger = logging.getLogger("experiments")
@@ -39,10 +44,10 @@ def _is_float(data):
     return dtype.startswith(("float", "bfloat"))
 
 
-def _input(tf, data, default_shape):
+def _input(keras, data, default_shape):
     if data is None:
-        return tf.keras.Input(shape=default_shape, name="image")
-    return tf.keras.Input(shape=data.input_shape, name=data.input_name)
+        return keras.Input(shape=default_shape, name="image")
+    return keras.Input(shape=data.input_shape, name=data.input_name)
 
 
 def num_classes(hparams, data, default):
@@ -63,10 +68,10 @@ def num_classes(hparams, data, default):
 def seed_cnn(hparams, data=None):
     """The seed answer's CNN: Conv 32 -> Conv 64 -> MaxPool -> Dropout ->
     Flatten -> Dense 128 -> Dropout -> Dense (softmax)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
+    keras = keras_api()
 
-    layers = tf.keras.layers
-    inputs = _input(tf, data, (28, 28, 1))
+    layers = keras.layers
+    inputs = _input(keras, data, (28, 28, 1))
     x = layers.Rescaling(1.0 / 255)(inputs)
     x = layers.Conv2D(hparams.get("filters", 32), 3, activation="relu")(x)
     x = layers.Conv2D(2 * hparams.get("filters", 32), 3, activation="relu")(x)
@@ -77,22 +82,22 @@ def seed_cnn(hparams, data=None):
     x = layers.Dropout(hparams.get("dropout", 0.5))(x)
     outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
                            name="probabilities")(x)
-    return tf.keras.Model(inputs, outputs, name="seed_cnn")
+    return keras.Model(inputs, outputs, name="seed_cnn")
 
 
 def seed_mlp(hparams, data=None):
     """The seed question's MLP: Dense 128 -> Dense 128 -> Dense (softmax)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
+    keras = keras_api()
 
-    layers = tf.keras.layers
-    inputs = _input(tf, data, (28, 28, 1))
+    layers = keras.layers
+    inputs = _input(keras, data, (28, 28, 1))
     x = layers.Rescaling(1.0 / 255)(inputs)
     x = layers.Flatten()(x)
     x = layers.Dense(hparams.get("units", 128), activation="relu")(x)
     x = layers.Dense(hparams.get("units", 128), activation="relu")(x)
     outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
                            name="probabilities")(x)
-    return tf.keras.Model(inputs, outputs, name="seed_mlp")
+    return keras.Model(inputs, outputs, name="seed_mlp")
 
 
 def image_classifier(hparams, data=None):
@@ -114,17 +119,17 @@ def image_classifier(hparams, data=None):
     pixels), then ``blocks`` (default 2) Dense layers of ``4 * filters``
     units with dropout, and a softmax. The choice is logged once.
     """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
+    keras = keras_api()
 
-    layers = tf.keras.layers
-    inputs = _input(tf, data, (28, 28, 1))
+    layers = keras.layers
+    inputs = _input(keras, data, (28, 28, 1))
     rank = len(inputs.shape) - 1
     floats = _is_float(data)
     what = (f"input {inputs.name!r} of shape {list(inputs.shape[1:])}, "
             f"{'float' if floats else 'integer'} values")
     if rank <= 1 or (rank == 2 and floats):
         _say_once(f"image_classifier: an MLP on the {what}, flattened and batch-normalized")
-        return _vector_classifier(tf, inputs, hparams, data)
+        return _vector_classifier(keras, inputs, hparams, data)
     if rank > 3:
         raise ConfigError(
             f"image_classifier takes images (height x width x channels, or height x width) "
@@ -148,11 +153,11 @@ def image_classifier(hparams, data=None):
     x = layers.Dropout(hparams.get("dropout", 0.3))(x)
     outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
                            name="probabilities")(x)
-    return tf.keras.Model(inputs, outputs, name="image_classifier")
+    return keras.Model(inputs, outputs, name="image_classifier")
 
 
-def _vector_classifier(tf, inputs, hparams, data):
-    layers = tf.keras.layers
+def _vector_classifier(keras, inputs, hparams, data):
+    layers = keras.layers
     # A scalar feature is a vector of one; a matrix of features is flattened.
     x = layers.Reshape((1,))(inputs) if len(inputs.shape) == 1 else inputs
     if len(inputs.shape) > 2:
@@ -163,18 +168,18 @@ def _vector_classifier(tf, inputs, hparams, data):
         x = layers.Dropout(hparams.get("dropout", 0.3))(x)
     outputs = layers.Dense(num_classes(hparams, data, 10), activation="softmax",
                            name="probabilities")(x)
-    return tf.keras.Model(inputs, outputs, name="image_classifier")
+    return keras.Model(inputs, outputs, name="image_classifier")
 
 
 def unet(hparams, data=None):
     """A U-Net: ``depth`` down and up stages with skip connections (default:
     as deep as the input divides by 2, at most 4), per-pixel softmax over the
     mask's classes."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (see above)
+    keras = keras_api()
 
-    layers = tf.keras.layers
+    layers = keras.layers
     base = hparams.get("filters", 16)
-    inputs = _input(tf, data, (64, 64, 3))
+    inputs = _input(keras, data, (64, 64, 3))
     height, width = inputs.shape[1], inputs.shape[2]
     depth = hparams.get("depth") or max(d for d in range(5) if height % 2 ** d == 0
                                         and width % 2 ** d == 0 and min(height, width) >> d >= 4)
@@ -200,4 +205,4 @@ def unet(hparams, data=None):
         x = block(x, base * 2 ** level)
     outputs = layers.Conv2D(num_classes(hparams, data, 4), 1, activation="softmax",
                             name="mask")(x)
-    return tf.keras.Model(inputs, outputs, name="unet")
+    return keras.Model(inputs, outputs, name="unet")

@@ -1,6 +1,7 @@
 """Semantic segmentation of generated shapes with a small U-Net."""
 
 from estimator_keras import sources
+from estimator_keras.engines.keras_setup import keras_api
 from experiments.catalog import models
 from experiments.catalog.registry import register, register_dataset
 from experiments.config.types import DataConfig, Experiment, ExperimentConfig, TrainConfig
@@ -23,11 +24,11 @@ register_dataset("shapes", "generated 64x64 RGB shapes with per-pixel class mask
 
 def segmentation_metrics(data=None):
     """Pixel accuracy and mean IoU over the mask's classes."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (list needs no TF)
+    keras = keras_api()  # when called: list needs no Keras
     classes = data.num_classes if data is not None and data.num_classes else len(
         sources.SHAPES_CLASSES)
-    return [tf.keras.metrics.SparseCategoricalAccuracy(name="pixel_accuracy"),
-            tf.keras.metrics.MeanIoU(classes, sparse_y_pred=False, name="mean_iou")]
+    return [keras.metrics.SparseCategoricalAccuracy(name="pixel_accuracy"),
+            keras.metrics.MeanIoU(classes, sparse_y_pred=False, name="mean_iou")]
 
 
 UNET = register(Experiment(

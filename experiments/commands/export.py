@@ -13,10 +13,13 @@ EXPORT_FILES = (("model.keras", "Keras 3 model, keras.saving.load_model(path)"),
 
 def print_export(export_dir):
     if export_dir:
+        from estimator_keras import export as export_lib  # pylint: disable=import-outside-toplevel
         # The model files that are there: model.keras is the keras3 engine's
-        # alone, and a keras3 export of another version may lack model.h5.
-        found = [(name, what) for name, what in EXPORT_FILES
-                 if name in ("weights.h5", "saved_model") or io.exists(io.join(export_dir, name))]
+        # alone, and a keras3 export of another version may lack model.h5;
+        # export.json names what was skipped (the SavedModel, without TensorFlow).
+        skipped = (export_lib.read_export_info(export_dir) or {}).get("skipped") or {}
+        found = [(name, what) for name, what in EXPORT_FILES if name not in skipped and (
+            name in ("weights.h5", "saved_model") or io.exists(io.join(export_dir, name)))]
         for k, (name, what) in enumerate(found):
             label = "exported:" if k == 0 else ""
             print(f"{label:9} {io.join(export_dir, name)}  ({what})")

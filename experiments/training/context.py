@@ -4,6 +4,9 @@ the strategy, the data and the input pipelines.
 The order matters: TF_CONFIG is read and MultiWorkerMirroredStrategy created
 before any eager TensorFlow op, then the data is found (or prepared by the
 chief), and the model is built once to check the records against it.
+TensorFlow is imported where it is installed (for its seeds and its ops'
+determinism) and by the engines and pipelines that use it: the keras3
+engine on JAX with Grain runs without it.
 """
 
 import dataclasses
@@ -11,7 +14,6 @@ import sys
 import time
 
 import numpy as np
-import tensorflow as tf
 
 from estimator_keras import (engines, input_config as input_config_lib, losses, manifest,
                              model_inputs, order_state, pipeline_choice, precision, records)
@@ -19,11 +21,11 @@ from estimator_keras.distribute import groups
 from estimator_keras.distribute import strategy as strategy_lib
 from estimator_keras.distribute import tf_config, trainjob_pods
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS
-from estimator_keras.engines import base, optimizers, registry
+from estimator_keras.engines import base, keras_setup, optimizers, registry
 from estimator_keras.errors import ConfigError, DataError, SchemaError
 from estimator_keras.schema import feature_map
 from estimator_keras.tracking import settings as tracking_settings
-from experiments.catalog import datasets, prepare
+from experiments.catalog import datasets
 from experiments.config import files as config_files
 from experiments.config import data_info
 
@@ -88,6 +90,8 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
         return found
     if is_chief:
         say(f"dataset {name} is not in {data_dir}: preparing it first")
+        # pylint: disable-next=import-outside-toplevel  (its importers load their readers)
+        from experiments.catalog import prepare
         return prepare.prepare(name, data_dir, source_dir=source_dir, num_workers=num_workers)
     deadline = time.monotonic() + DATA_WAIT_SECS
     while time.monotonic() < deadline:
@@ -97,6 +101,16 @@ def ensure_data(config, data_dir, source_dir=None, is_chief=True, num_workers=1)
     raise DataError(f"dataset {name} did not appear in {data_dir} within "
                     f"{DATA_WAIT_SECS} s; the chief prepares it, or run "
                     f"`python -m experiments prepare {name} --data-dir {data_dir}` first.")
+
+
+def choose_pipeline(config, entry, backend=None):
+    """``(pipeline, why)``: the input pipeline of ``config``'s data.pipeline
+    that feeds the engine of registry ``entry`` on Keras 3's ``backend``
+    (None: the one the environment names; see
+    :func:`estimator_keras.pipeline_choice.choose`)."""
+    backend = backend or keras_setup.keras_backend()[0]
+    return pipeline_choice.choose(config.data.pipeline, entry.backend(backend),
+                                  f"the {entry.name} engine")
 
 
 def input_config(config, skip_corrupt=False, seed=None):
@@ -344,8 +358,7 @@ class RunContext:
         replicas = strategy_lib.num_replicas(distribute)
         training_group = groups.of(distribute)
         backend, platform, devices = engines.backend_devices(engine_obj.name)
-        pipeline, _ = pipeline_choice.choose(config.data.pipeline, entry.backend(backend),
-                                             f"the {entry.name} engine")
+        pipeline, _ = choose_pipeline(config, entry, backend)
         task_log(info, header_line(config, strategy_name, replicas, info, engine_obj.name,
                                    training_group.description,
                                    f"{backend}, {describe_devices(platform, devices)}",
@@ -361,13 +374,15 @@ class RunContext:
             # A group starts where process 0's model dir says, whatever the
             # others see: they all train, or none does.
             start_step = int(training_group.from_process_0(start_step))
-        if config.train.deterministic:
+        if config.train.deterministic and keras_setup.tensorflow_installed():
+            # TensorFlow's ops (tf.data's among them); JAX on CPU always is.
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
             tf.config.experimental.enable_op_determinism()
         # The same seed however often the run was stopped: every epoch's
         # input order is a function of it and the epoch.
         seed = config.train.seed
         if seed is not None:
-            tf.keras.utils.set_random_seed(seed)
+            engines.keras_api().utils.set_random_seed(seed)
         probe = experiment.make_model(config.model, data)
         refuses = entry.no_bfloat16
         policy, policy_reason = precision.resolve(

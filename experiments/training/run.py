@@ -18,15 +18,14 @@ Example::
 
 import contextlib
 import dataclasses
+import sys
 import time
 
-import tensorflow as tf
-
 from estimator_keras import engines, export as export_lib, io, manifest, summaries
-from estimator_keras import losses, tf_errors, verify
+from estimator_keras import losses, tf_errors
 from estimator_keras.cloud import hypertune, trainjob_status
 from estimator_keras.distribute.preemption import DEFAULT_GRACE_SECS, PreemptionWatch
-from estimator_keras.engines import base
+from estimator_keras.engines import base, registry
 from estimator_keras.errors import (ConfigError, CorruptRecordError, DataError, EstimatorKerasError,
                                     ModelDirError, Preempted, TensorFlowError)
 from estimator_keras.modeldir import ModelDirLock
@@ -364,7 +363,8 @@ def evaluate(experiment, config, *, model_dir, data_dir, source_dir=None, engine
     data = data_info.describe(manifest.load_manifest(dataset_path), config.data)
     checkpoint = engine.require_checkpoint(model_dir)
     engine.check_compatible(_checked_model(experiment, config, data, engine), checkpoint)
-    _, eval_fn = context_lib.input_fns(config, dataset_path)
+    pipeline, _ = context_lib.choose_pipeline(config, registry.get(engine.name))
+    _, eval_fn = context_lib.input_fns(config, dataset_path, pipeline=pipeline)
     plan = context_lib.experiment_plan(experiment, config, data, model_dir=model_dir,
                                        eval_data=eval_fn)
     return engine.evaluate(plan, checkpoint)
@@ -441,7 +441,11 @@ def _tensorflow_errors_explained(dataset_path, train_fn, eval_fn, task=None):
         if not tf_errors.from_input_pipeline(e):
             raise
         raise DataError(schema_error.format(tf_errors.first_line(e))) from e
-    except tf.errors.OpError as e:
+    except Exception as e:  # pylint: disable=broad-except  (TensorFlow's, re-raised otherwise)
+        # Where TensorFlow is not imported, nothing raised its errors.
+        tf = sys.modules.get("tensorflow")
+        if tf is None or not isinstance(e, tf.errors.OpError):
+            raise
         if not tf_errors.from_input_pipeline(e):
             raise TensorFlowError(tf_errors.describe(e, task)) from e
         if isinstance(e, tf.errors.DataLossError):
@@ -457,6 +461,7 @@ def _tensorflow_errors_explained(dataset_path, train_fn, eval_fn, task=None):
 def _name_corrupt_files(error, *file_sets):
     """TensorFlow's DataLossError names a byte offset but not the file: find
     the damaged file(s) so the message can name them."""
+    from estimator_keras import verify  # pylint: disable=import-outside-toplevel  (TensorFlow's)
     broken = []
     for files in file_sets:
         for path in files.files:
@@ -479,6 +484,7 @@ def _name_corrupt_files(error, *file_sets):
 def _report_corrupt(files):
     """With --skip-corrupt: name the damaged files up front, and how many
     records they lose, since the pipeline then drops bad records silently."""
+    from estimator_keras import verify  # pylint: disable=import-outside-toplevel  (TensorFlow's)
     for path in files.files:
         check = verify.check_file(path, files.compression)
         if not check.ok:

@@ -1,10 +1,10 @@
 """The keras3 engine: ``Model.fit`` of Keras 3 (TensorFlow 2.16+), on the
 backend that ``KERAS_BACKEND`` names (tensorflow or jax), several processes
-together on JAX. Everything that is this engine's lives here: training
-(:mod:`.engine`), evaluation (:mod:`.evaluation`), its checkpoints
-(:mod:`.checkpoints`) and how a run resumes from them (:mod:`.resume`), its
-exports (:mod:`.export`) and its moves from the other engines' model dirs
-(:mod:`.migration`).
+together on JAX; without TensorFlow, on JAX fed by Grain. Everything that
+is this engine's lives here: training (:mod:`.engine`), evaluation
+(:mod:`.evaluation`), its checkpoints (:mod:`.checkpoints`) and how a run
+resumes from them (:mod:`.resume`), its exports (:mod:`.export`) and its
+moves from the other engines' model dirs (:mod:`.migration`).
 
 This module is the engine's registry entry only: it imports no TensorFlow,
 Keras or JAX.

@@ -1,6 +1,8 @@
 """Advice for a keras3 setup known to be much slower than another for a
 model: JAX on the CPU for convolutions."""
 
+import importlib.util
+
 # Keras 3 convolution layers, by their public names.
 CONVOLUTIONS = ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose",
                 "Conv3DTranspose", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D",
@@ -32,6 +34,9 @@ def slow_backend_warning(backend, platform, model, processes=1):
                          if hasattr(keras.layers, name))
     if not any(isinstance(layer, convolutions) for layer in _layers(model)):
         return None
+    if importlib.util.find_spec("tensorflow") is None:
+        return (f"warning: {SLOW_JAX_CPU} Install TensorFlow (pip install -e '.[cpu]') and set "
+                f"KERAS_BACKEND=tensorflow to train it on TensorFlow.")
     if processes > 1:
         return (f"warning: {SLOW_JAX_CPU} Train it in one process with KERAS_BACKEND=tensorflow, "
                 f"or as a cluster with --engine keras.")

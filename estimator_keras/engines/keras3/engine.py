@@ -4,14 +4,16 @@ or jax).
 
 It keeps the other engines' contract:
 
-- the input is the plan's ``tf.data`` pipeline, which Keras 3 reads on every
-  backend;
+- the input is the plan's pipeline: ``tf.data``, which Keras 3 reads on every
+  backend, or Grain's on JAX (:mod:`estimator_keras.grain_inputs`), with or
+  without TensorFlow installed;
 - a checkpoint in ``MODEL_DIR`` at the start and every ``eval_every_steps``
   steps (:mod:`~estimator_keras.engines.keras3.checkpoints`: Keras 3 weights
   files with the optimizer's state, the same on every backend), the newest
   ``keep_checkpoint_max`` kept;
 - an evaluation after every checkpoint, reported to the plan's hooks, and
-  TensorBoard scalars in ``train/`` and ``validation/`` of the summary dir;
+  TensorBoard scalars in ``train/`` and ``validation/`` of the summary dir
+  (where they can be written: :func:`estimator_keras.summaries.missing`);
 - ``max_steps`` is exact (the optimizer's ``iterations``, plus the step its
   count started at where another engine's state could not move);
   evaluations stay on multiples of ``eval_every_steps`` after a resume from
@@ -197,7 +199,7 @@ class Evaluations(keras.callbacks.Callback):
                 model = compile_for_keras3(plan)
             self.sharded = evaluation.ShardedEvaluation(plan, group, model)
         self.writers = {}
-        if plan.chief and importlib.util.find_spec("tensorboard") is not None:
+        if plan.chief and not summaries.missing():
             log_dir = plan.summary_dir or plan.model_dir
             self.writers = {sub: summaries.ScalarWriter(io.join(log_dir, sub))
                             for sub in SUMMARY_SUBDIRS}
@@ -369,8 +371,8 @@ def _fit(plan):
         hooks.log(f"evaluated step {step}: {base.format_metrics(metrics)}")
         return base.RunResult(model, metrics, step, saved)
 
-    if plan.chief and importlib.util.find_spec("tensorboard") is None:
-        hooks.log("TensorBoard is not installed: no summaries (pip install tensorboard)")
+    if plan.chief and summaries.missing():
+        hooks.log(f"no TensorBoard summaries: {summaries.missing()}")
     replicas = plan.group.num_replicas_in_sync
     meter = base.ProgressMeter(plan.log_every_steps, plan.batch_size, replicas, hooks.log,
                                plan.max_steps, hooks.on_progress)

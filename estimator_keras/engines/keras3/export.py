@@ -19,7 +19,12 @@
   and ``serve_examples`` (serialized tf.train.Example strings), in plain
   TensorFlow ops;
 - ``export.json``: the checkpoint, step, the signatures' inputs and outputs,
-  and the metrics it came from.
+  and the metrics it came from; ``skipped`` names what was left out and why.
+
+Without TensorFlow (the keras3 engine on JAX, fed by Grain) the SavedModel
+cannot be written: the export holds the other files, says so once in the
+log, and records ``skipped: {"saved_model": ...}`` in export.json;
+``python -m experiments export --force`` adds it once TensorFlow is installed.
 
 On the JAX backend the SavedModel is written by a child process on
 Keras 3's TensorFlow backend from the staged ``model.keras``: ``jax2tf``
@@ -46,11 +51,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import types
 
 import h5py
 import numpy as np
-
-import tensorflow as tf
 
 from estimator_keras import io
 from estimator_keras import export as export_lib
@@ -68,6 +72,18 @@ SAVED_MODEL_DIR = "saved_model"
 # are split over numbered attributes, as Keras 2 reads them.
 _HDF5_ATTRIBUTE_BYTES = 64000
 SAVED_MODEL_TIMEOUT_SECS = 900
+NO_SAVED_MODEL = ("TensorFlow is not installed (pip install tensorflow-cpu to add one; "
+                  "`python -m experiments export --force` then writes it)")
+
+logger = logging.getLogger(__name__)
+_SAID = set()
+
+
+def _say_once(message):
+    """Exports run several times a run (best/ and the final one): once is enough."""
+    if message not in _SAID:
+        _SAID.add(message)
+        logger.info(message)
 
 
 def export_model(model_builder, model_dir, *, checkpoint=None, schema=None, features=None,
@@ -105,27 +121,22 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
     import keras  # pylint: disable=import-outside-toplevel  (Keras 3 only here)
 
     served = serving_model(model)
+    skipped = {}
+    if importlib.util.find_spec("tensorflow") is None:
+        skipped[SAVED_MODEL_DIR] = NO_SAVED_MODEL
+        _say_once(f"no SavedModel in the export: {NO_SAVED_MODEL}")
 
     def write(staging):
         model_file = io.join(staging, MODEL_FILE)
         model.save(model_file)
         save_h5_model(served, io.join(staging, H5_MODEL_FILE))
         save_legacy_weights(model, io.join(staging, WEIGHTS_FILE))
-        target = staging if flat else io.join(staging, SAVED_MODEL_DIR)
-        if keras.backend.backend() == "tensorflow":
-            write_saved_model(served, target, schema, features, class_names, output_activation)
-        elif served is model:
-            _saved_model_on_tensorflow(model_file, target, schema, features, class_names,
-                                       _custom_modules(model), output_activation)
-        else:
-            with tempfile.TemporaryDirectory() as scratch:
-                served_file = os.path.join(scratch, MODEL_FILE)
-                served.save(served_file)
-                _saved_model_on_tensorflow(served_file, target, schema, features,
-                                           class_names, _custom_modules(served),
-                                           output_activation)
+        if not skipped:
+            _write_any_saved_model(model, served, model_file,
+                                   staging if flat else io.join(staging, SAVED_MODEL_DIR),
+                                   schema, features, class_names, output_activation)
         info = {"checkpoint": checkpoint, "global_step": step,
-                **export_lib.serving_info(_input_specs(model), [t.shape for t in model.outputs],
+                **export_lib.serving_info(_input_shapes(model), [t.shape for t in model.outputs],
                                           schema=schema, features=features,
                                           class_names=class_names,
                                           output_activation=output_activation),
@@ -134,10 +145,32 @@ def write_export(model, export_dir, *, step=None, checkpoint=None, schema=None, 
                 **(metadata or {})}
         if class_names:
             info["class_names"] = [str(n) for n in class_names]
+        if skipped:
+            info["skipped"] = skipped
         io.atomic_write(io.join(staging, export_lib.EXPORT_INFO),
                         json.dumps(info, indent=2, default=str))
 
     return export_lib.write_staged(export_dir, write)
+
+
+def _write_any_saved_model(model, served, model_file, target, schema, features, class_names,
+                           output_activation):
+    """The SavedModel of ``served``: written here on the TensorFlow backend,
+    else by a child process on it (see the module docstring)."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    if keras.backend.backend() == "tensorflow":
+        write_saved_model(served, target, schema, features, class_names, output_activation)
+    elif served is model:
+        _saved_model_on_tensorflow(model_file, target, schema, features, class_names,
+                                   _custom_modules(model), output_activation)
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            served_file = os.path.join(scratch, MODEL_FILE)
+            served.save(served_file)
+            _saved_model_on_tensorflow(served_file, target, schema, features,
+                                       class_names, _custom_modules(served),
+                                       output_activation)
 
 
 def serving_model(model):
@@ -227,8 +260,17 @@ def _set_name_list(node, key, names):
 # -- the SavedModel
 
 
+def _input_shapes(model):
+    """Model input name -> its shape and dtype, as ``export.json`` reads a
+    ``tf.TensorSpec``'s, without TensorFlow (Keras 3 names dtypes as it does)."""
+    return {t.name: types.SimpleNamespace(shape=t.shape,
+                                          dtype=types.SimpleNamespace(name=str(t.dtype)))
+            for t in model.inputs}
+
+
 def _input_specs(model):
     """Model input name -> ``tf.TensorSpec`` of one batch."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the SavedModel's)
     return {t.name: tf.TensorSpec(shape=t.shape, dtype=tf.as_dtype(str(t.dtype)), name=t.name)
             for t in model.inputs}
 
