@@ -249,6 +249,27 @@ ENVIRONMENTS = {
         },
         only={"test_keras_io_gallery.py": _GALLERY_ON_KERAS_3},
     ),
+    "jax": Environment(
+        "Python 3.13 with exactly '.[jax]' and the test tools, no TensorFlow: the records "
+        "written, read and verified without it, the Grain input pipeline, and the keras3 "
+        "engine on JAX training, resuming, exporting and clustering without it",
+        # (tfrecord_frames and example_codec are compared with TensorFlow's
+        # bytes, in py311 and py313.)
+        modules=("test_record_index.py", "test_grain_inputs.py", "test_without_tensorflow.py",
+                 "test_train_without_tensorflow.py", "test_layout.py"),
+        engines=("keras3",),
+        backends=("jax",),
+        skips={pattern: "compared with TensorFlow's own results, which need TensorFlow: "
+                        "py313 and the keras env run it"
+               for pattern in (
+                   "tests/test_grain_inputs.py::test_the_batches_are_tf_data_s_*",
+                   "tests/test_record_index.py::test_tensorflows_own_files_read_the_same_by_index*",
+                   "tests/test_without_tensorflow.py::test_pillow_finds_the_pngs_tensorflow_refuses*",
+                   "tests/test_without_tensorflow.py::"
+                   "test_pillow_finds_the_truncated_jpegs_tensorflow_refuses*",
+                   "tests/test_without_tensorflow.py::test_mask_class_ids_are_tensorflows_without_it")},
+        only={"test_layout.py": ("test_light_modules_do_not_import_tensorflow",)},
+    ),
     "extras": Environment(
         "Python 3.13 with the Quickstart's '.[cpu]' and the extras its users add (beam, "
         "mlflow): `prepare --beam` on 3.13, the tracking page and tracking's bounds on the "

@@ -135,7 +135,7 @@ def _same_batches(directory, features, scale=None, batch=16, within=0):
     """Grain's and tf.data's evaluation batches of ``directory``: equal
     values (or ``within`` that much of each other, and on average within
     2) and dtypes, feature by feature."""
-    tf_inputs = pytest.importorskip("estimator_keras.inputs")  # TensorFlow's pipeline
+    from estimator_keras import inputs as tf_inputs  # pylint: disable=import-outside-toplevel
     ours = list(grain_inputs.make_dataset(directory, batch, training=False, features=features,
                                           scale=scale, split="train"))
     theirs = list(tf_inputs.make_dataset(directory, batch, training=False, features=features,
@@ -159,6 +159,7 @@ def _same_batches(directory, features, scale=None, batch=16, within=0):
 def test_the_batches_are_tf_data_s_for_every_numeric_encoding(tmp_path, scale):
     """raw uint8 and float32 arrays, int64 and float vectors: the same
     values, each numeric input float32 (times ``scale``), labels int64."""
+    pytest.importorskip("tensorflow")  # tf.data's batches to compare with
     from estimator_keras.sources.base import ArraySource  # pylint: disable=import-outside-toplevel
     _, examples = generated_examples(40, seed=5)
     names = ["image", "weights", "b_ids", "a_depth", "label"]
@@ -175,6 +176,7 @@ def test_the_batches_are_tf_data_s_for_images(tmp_path, encoding, mode):
     """An image folder as users have them: RGB and grayscale PNG files
     (lossless: the same pixels), and JPEG files, which Pillow's and
     TensorFlow's builds of libjpeg upsample differently: a few levels apart."""
+    pytest.importorskip("tensorflow")  # tf.data's batches (and grey files made RGB)
     pil = pytest.importorskip("PIL.Image")
     from estimator_keras.sources.folders import ImageFolderSource  # pylint: disable=import-outside-toplevel
     rng = np.random.default_rng(3)
