@@ -309,3 +309,15 @@ def _manifest_counts(resolved, files):
             by_name[os.path.basename(shard.file)] = shard.num_examples
     counts = [by_name.get(os.path.basename(str(path))) for path in files]
     return None if None in counts else counts
+
+
+def make_input_fn(data, batch_size, *, training, split=None, config=None, num_epochs=None,
+                  shard=None, start_step=0, resume=None, **overrides):
+    """An ``input_fn`` over :func:`make_dataset`, as
+    :func:`estimator_keras.make_input_fn` is over tf.data's (the same
+    arguments; the files are resolved now)."""
+    input_config = dataclasses.replace(config or InputConfig(), **overrides)
+    resolved = records.resolve(data, split or ("train" if training else "test"))
+    feature_map(resolved.schema, input_config.features, input_config.label)
+    return input_order.resumable_input_fn(make_dataset, resolved, batch_size, training,
+                                          input_config, num_epochs, shard, start_step, resume)

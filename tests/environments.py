@@ -40,6 +40,9 @@ _GALLERY_ON_KERAS_3 = _GALLERY_ON_ONE_KERAS + (
 _THROUGH_FSSPEC = ("test_remote_paths_without_tensorflow_go_through_fsspec",
                    "test_a_dataset_is_written_and_verified_through_fsspec")
 
+# The environments that install no TensorFlow (their tests check that nothing needs it).
+WITHOUT_TENSORFLOW = ("jax",)
+
 ENVIRONMENTS = {
     "py311": Environment(
         "Python 3.11, TensorFlow 2.15 with tf.estimator and its own Keras 2: the estimator "

@@ -29,7 +29,7 @@ def test_the_environments_are_toxs_envlist():
     # Tests that move weights between engines start the other envs'
     # interpreters: py311's before keras, both before py313; extras collects
     # every env's cases in its interpreter, so it comes last.
-    assert _envlist() == ["py311", "keras", "py313", "extras"]
+    assert _envlist() == ["py311", "keras", "py313", "jax", "extras"]
 
 
 def test_the_py313_env_installs_exactly_the_quickstarts_extras():

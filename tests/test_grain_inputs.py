@@ -77,6 +77,19 @@ def test_a_stream_started_at_a_batch_continues_the_uninterrupted_one(ids_data, s
         np.testing.assert_array_equal(got, expected, err_msg=f"from batch {start}")
 
 
+def test_the_input_fn_resumes_after_the_batches_of_its_step(ids_data):
+    """What the engines call: ``input_fn(input_context=None, start_step=S)``,
+    one batch a step per pipeline."""
+    settings = {"features": {"id": "id"}, "label": "label", "seed": 7}
+    input_fn = grain_inputs.make_input_fn(ids_data, BATCH, training=True, start_step=3,
+                                          **settings)
+    iterator = iter(input_fn(input_context=None, start_step=9))
+    resumed = [next(iterator)[0]["id"].astype(np.int64).ravel() for _ in range(4)]
+    for got, expected in zip(resumed, _stream(ids_data, 13)[9:]):
+        np.testing.assert_array_equal(got, expected)
+    assert input_fn.files.num_examples == IDS
+
+
 def test_worker_processes_serve_the_same_stream(ids_data):
     in_process = _stream(ids_data, 15)
     for got, expected in zip(_stream(ids_data, 15, workers=2), in_process):
