@@ -21,7 +21,12 @@ Tables (Fashion-MNIST, batch 128 unless said):
 - ``shapes`` (:mod:`benchmarks.shapes_table`, slow): shapes_unet's mean IoU and
   pixel accuracy with its default settings;
 - ``cluster`` (:mod:`benchmarks.cluster_table`): one process vs chief + 1 worker,
-  and the keras3 engine on JAX: one process vs 2.
+  and the keras3 engine on JAX: one process vs 2;
+- ``grain`` (:mod:`benchmarks.grain_table`): the Grain input pipeline vs tf.data on
+  the same shards, alone (examples/s) and feeding the keras3 engine on JAX (steps/s);
+- ``grain_accuracy`` (:mod:`benchmarks.grain_accuracy_table`, slow):
+  fashion_mnist_cnn's time to 0.91 and final accuracy on JAX with Grain, under
+  ``--python-jax`` (an interpreter without TensorFlow).
 
 Plumbing: :mod:`benchmarks.common` (settings, timing, targets), :mod:`benchmarks.output`
 (the machine, text tables, JSON),

@@ -52,6 +52,11 @@ TABLES = {
     "resume": ("benchmarks.resume_table", "any"),
     # Needs the tune and bench extras (Optuna, keras-tuner) in that interpreter.
     "tuning": ("benchmarks.tuning_table", "keras"),
+    # Grain vs tf.data, alone and feeding the keras3 engine on JAX (Grain and JAX
+    # beside TensorFlow: the keras environment).
+    "grain": ("benchmarks.grain_table", "keras"),
+    # fashion_mnist_cnn whole on JAX and Grain, under --python-jax (slow).
+    "grain_accuracy": ("benchmarks.grain_accuracy_table", "any"),
 }
 DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 # Tables run --rounds times: their targets are ratios of rates measured side by
@@ -59,11 +64,11 @@ DEFAULT_TABLES = ("input", "training", "inputbound", "writing")
 # information about one shared machine, which one round cannot show. Not the
 # accuracy table (whole training runs of every way, hours a round).
 ROUND_TABLES = ("input", "training", "inputbound", "keras", "cadence", "embedding", "recipe",
-                "cluster")
+                "cluster", "grain")
 DEFAULT_ROUNDS = 3
 # Per-table bound on a child process, seconds (accuracy and shapes train for long).
 CHILD_TIMEOUT = {"accuracy": 6 * 3600, "shapes": 5 * 3600, "recipe": 2 * 3600,
-                 "tuning": 4 * 3600}
+                 "tuning": 4 * 3600, "grain": 2 * 3600, "grain_accuracy": 6 * 3600}
 DEFAULT_CHILD_TIMEOUT = 3600
 REPO_ROOT = os.path.dirname(common.HERE)
 
@@ -113,7 +118,8 @@ def build_parser():
                    help="interpreter with TensorFlow 2.16+ and tf-keras")
     p.add_argument("--python-jax", default=None, metavar="PYTHON",
                    help="interpreter with Keras 3 and JAX for the JAX rows of the keras "
-                        "and cluster tables (default: the table's own interpreter, or "
+                        "and cluster tables and the grain_accuracy table's run (one without "
+                        "TensorFlow there) (default: the table's own interpreter, or "
                         ".venv-jax/bin/python of the checkout, where JAX imports)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--in-process", action="store_true",

@@ -10,7 +10,9 @@ what it and ``benchmarks/cli.py`` import from ``benchmarks`` (read from
 their source). BENCHMARKS.md lists every table with the commit it ran on in
 its "Where each table comes from" section (:func:`read_runs`); a table whose
 code has changed since must say so there (``stale: why``), and
-``tests/test_benchmarks.py`` checks both directions from git.
+``tests/test_benchmarks.py`` checks both directions from git. A table that
+has never run is listed with ``-`` for its commit and file and the state
+:data:`NOT_RUN`.
 
 Example::
 
@@ -29,7 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What every table runs through, whichever benchmark module measures it.
 SHARED_CODE = ("estimator_keras", "experiments", "setup.py")
 SECTION = "## Where each table comes from"
-_ROW = re.compile(r"^\|\s*`(?P<table>[a-z0-9_]+)`\s*\|\s*`(?P<commit>[0-9a-f]{7,40})`\s*\|"
+NOT_RUN = "not run yet"
+_ROW = re.compile(r"^\|\s*`(?P<table>[a-z0-9_]+)`\s*\|\s*(?P<commit>`[0-9a-f]{7,40}`|-)\s*\|"
                   r"(?P<when>[^|]*)\|(?P<file>[^|]*)\|(?P<state>[^|]*)\|\s*$")
 
 
@@ -106,6 +109,9 @@ def main():
         run = runs.get(table)
         if run is None:
             print(f"{table}: not listed in BENCHMARKS.md")
+            continue
+        if run["state"] == NOT_RUN:
+            print(f"{table}: {NOT_RUN}")
             continue
         changed = changed_since(run["commit"], code_paths(table))
         state = (f"stale, {len(changed)} file(s) changed since, e.g. {changed[0]}" if changed

@@ -952,6 +952,10 @@ def test_every_table_names_its_commit_and_whether_its_code_changed_since():
         runs = provenance.read_runs(f.read())
     assert set(runs) == set(cli.TABLES)
     for table, run in runs.items():
+        if run["state"] == provenance.NOT_RUN:
+            # A table never run yet names no commit and no file.
+            assert (run["commit"], run["file"]) == ("-", "-"), (table, run)
+            continue
         assert os.path.isfile(os.path.join(ROOT, run["file"])), (table, run["file"])
         changed = provenance.changed_since(run["commit"], provenance.code_paths(table))
         if run["state"] == "current":
@@ -990,6 +994,9 @@ def test_benchmarks_md_runs_section_refuses_a_table_listed_twice():
         provenance.read_runs(text)
     assert provenance.read_runs(text.replace(row + "\n", "", 1))["cadence"] == {
         "commit": "a3b9aee", "when": "then", "file": "x.json", "state": "current"}
+    never = "| `grain` | - | - | - | not run yet |"
+    assert provenance.read_runs(text.replace(row + "\n", never + "\n", 1))["grain"] == {
+        "commit": "-", "when": "-", "file": "-", "state": provenance.NOT_RUN}
 
 
 def test_a_figure_is_quoted_on_the_side_of_its_threshold_that_the_json_value_is():
@@ -1068,3 +1075,48 @@ def test_the_keras_table_evaluates_as_train_does():
              and getattr(node.func, "attr", None) == "experiment_plan"]
     assert calls, "keras_table builds no experiment plan"
     assert all("eval_steps" not in {k.arg for k in call.keywords} for call in calls)
+
+
+def test_the_grain_tables_import_no_tensorflow_until_they_time_tf_data(tiny):
+    code = ("import sys\n"
+            "from benchmarks import grain_accuracy_table, grain_table\n"
+            "grain_table.pipeline_settings('fashion_mnist_cnn')\n"
+            f"assert grain_table._first_pass({tiny[0]!r}, {BATCH}) == {-(-N_TRAIN // BATCH)}\n"
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_grain_accuracy_run_says_whether_it_imported_tensorflow(tmp_path):
+    from benchmarks import grain_accuracy_table as table  # pylint: disable=import-outside-toplevel
+
+    # `list` imports no TensorFlow; the wrapper reports so at exit.
+    proc = subprocess.run([sys.executable, "-c", table.WRAPPER, "list"], cwd=ROOT,
+                          env=child_env(), capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert table.MARK + '{"tensorflow_imported": false}' in proc.stderr
+    assert "fashion_mnist_cnn" in proc.stdout
+
+
+def test_the_grain_accuracy_table_times_0_91_from_the_start_and_judges_the_last_evaluation():
+    from benchmarks import grain_accuracy_table as table  # pylint: disable=import-outside-toplevel
+    from experiments.tuning.evaluations import Evaluation  # pylint: disable=import-outside-toplevel
+
+    evals = [Evaluation(469, 1000.0 + 60, {"accuracy": 0.88}),
+             Evaluation(938, 1000.0 + 120, {"accuracy": 0.912}),
+             Evaluation(1407, 1000.0 + 180, {"accuracy": 0.921})]
+    row = dict(table.fill_evaluations(evals, 1000.0), tensorflow_imported=False,
+               tensorflow_installed=True, python="py")
+    assert (row["t091_s"], row["step_091"], row["final_accuracy"]) == (120.0, 938, 0.921)
+    final, free = table.targets_of(row)
+    assert final["met"] is False and "step 938" in final["why"]
+    assert free["value"] == 1.0 and free["met"] is True
+    row["tensorflow_imported"] = True
+    assert table.targets_of(row)[1]["met"] is False
+    args = table.train_args("d", "m", "e.jsonl", quick=True)
+    assert args[:4] == ["train", "fashion_mnist_cnn", "--engine", "keras3"]
+    assert "pipeline=grain" in args and "--max-steps" in args
+    assert "--max-steps" not in table.train_args("d", "m", "e.jsonl")
+

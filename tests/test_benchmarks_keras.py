@@ -64,6 +64,51 @@ def test_keras_table_on_tiny_data(tiny, tmp_path):
 
 
 @pytest.mark.slow
+def test_grain_table_on_tiny_data(tiny, tmp_path):
+    """The grain table's code, quick: the pipelines alternate in this
+    process, the keras3 engine on JAX trains in three children fed by
+    tf.data, Grain and one batch in memory; every row and the MLP's target
+    come out."""
+    from benchmarks import grain_table  # pylint: disable=import-outside-toplevel
+
+    settings = common.Settings(data_dir=tiny, quick=True, repeats=1, window_s=0.01,
+                               workdir=str(tmp_path / "work"), batch_size=16)
+    # Grain's decoding processes are timed in the training child; here,
+    # in-process decoding only, to keep the test short.
+    result = grain_table.run(settings, path=tiny, experiments=("fashion_mnist_mlp",),
+                             workers=(0,))
+    rows = {row["name"]: row for row in result["rows"]}
+    training = [f"fashion_mnist_mlp training, {p}" for p in ("tfdata", "grain",
+                                                             "in-memory batch")]
+    assert set(rows) == {"tf.data cached", "tf.data uncached", "grain workers=0",
+                         "grain at its best", *training}
+    for row in rows.values():
+        assert not row.get("error"), (row["name"], row["error"])
+        assert row["median"] > 0 and row["ratio"] > 0, row
+    assert rows["grain at its best"]["workers"] == 0
+    assert rows["grain workers=0"]["default"] is False
+    for name in training:
+        assert rows[name]["backend"] == "jax" and rows[name]["keras"].startswith("3."), rows[name]
+        assert rows[name]["window_steps"] % 8 == 0
+    (target,) = result["targets"]
+    assert target["id"] == "grain.fashion_mnist_mlp.vs_tfdata"
+    assert target["value"] > 0 and target["met"] is not None
+    assert any("the same records and settings" in note for note in result["notes"])
+    json.dumps(result)
+
+
+def test_the_grain_table_reads_with_the_settings_train_gives_the_pipelines():
+    from benchmarks import grain_table  # pylint: disable=import-outside-toplevel
+    from estimator_keras.input_config import InputConfig  # pylint: disable=import-outside-toplevel
+    from experiments.training import context  # pylint: disable=import-outside-toplevel
+
+    for name in grain_table.EXPERIMENTS:
+        config = grain_table.experiment(name).config
+        built = context.input_config(config, seed=config.train.seed)
+        assert InputConfig(**grain_table.pipeline_settings(name)) == built, name
+
+
+@pytest.mark.slow
 def test_engine_matrix_probes_the_keras3_engine():
     """Two of the keras3 engine's probes through `python -m experiments`: a
     rerun that resumes, and a local cluster the engine refuses."""
