@@ -34,15 +34,22 @@ def test_the_environments_are_toxs_envlist():
 
 def test_the_py313_env_installs_exactly_the_quickstarts_extras():
     """py313 stands for the Quickstart's users: the README's install command's
-    extras and the test tools, nothing more (extras get an env of their own)."""
+    extras and the test tools, nothing more (extras get an env of their own);
+    jax for its JAX users', who install no TensorFlow."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         quickstart = f.read().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    installs = re.findall(r"pip install -e '\.\[([a-z0-9,-]+)\]'", quickstart)
+    commands = "\n".join(re.findall(r"```bash\n(.*?)```", quickstart, re.S))
+    installs = re.findall(r"pip install -e '\.\[([a-z0-9,-]+)\]'", commands)
     assert installs, "the Quickstart installs no extras"
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(os.path.join(ROOT, "tox.ini"))
     extras = tox["testenv:py313"]["extras"].split()
     assert sorted(extras) == sorted(set(installs[0].split(",")) | {"test"}), extras
+    # The Quickstart's line for JAX users without TensorFlow: the jax env.
+    assert len(installs) == 2, installs
+    extras = tox["testenv:jax"]["extras"].split()
+    assert sorted(extras) == sorted(set(installs[1].split(",")) | {"test"}), extras
+    assert "KERAS_BACKEND = jax" in tox["testenv:jax"]["setenv"]
 
 
 def test_every_env_runs_pytest_with_the_callers_arguments_only():
