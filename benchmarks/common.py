@@ -271,6 +271,18 @@ def window_size(rate, window_s, lo, hi):
     return int(max(lo, min(hi, rate * window_s)))
 
 
+def warm_window(iterator, epoch, window_s, lo):
+    """Reads ``epoch`` + 5 batches of ``iterator`` (a cache fills, buffers
+    settle), then times one more ``epoch``: the batches that fill a window
+    of ``window_s`` seconds at that rate (at least ``lo``)."""
+    for _ in range(epoch + 5):
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(epoch):
+        next(iterator)
+    return window_size(epoch / max(time.perf_counter() - start, 1e-9), window_s, lo, 100_000)
+
+
 class Variant:
     """One thing a table times. Subclasses implement ``build`` (once),
     ``warmup`` (once; also sizes the window) and ``measure`` (one timed

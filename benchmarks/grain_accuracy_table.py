@@ -28,7 +28,7 @@ import re
 import subprocess
 import time
 
-from benchmarks import common, output
+from benchmarks import common, grain_table, output
 
 TABLE = "grain_accuracy"
 TITLE = ("fashion_mnist_cnn on the keras3 engine, JAX, Grain pipeline, defaults: time to 0.91 "
@@ -57,18 +57,9 @@ PROBE = ("import importlib.util, json\n"
          "'tensorflow', 'tensorflow-cpu')}}))\n")
 
 
-def run_env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="jax")
-    env.pop("TF_USE_LEGACY_KERAS", None)
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.path.dirname(common.HERE), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def probe(python):
     proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=300,
-                          check=False, env=run_env())
+                          check=False, env=grain_table.keras3_jax_env())
     if proc.returncode:
         raise RuntimeError(f"{python} could not be probed: {proc.stderr.strip()[-300:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -105,7 +96,7 @@ def run_row(python, data_dir, workdir, quick=False, steps=None):
                                                 steps)
     started = time.time()
     try:
-        proc = subprocess.run(argv, cwd=os.path.dirname(common.HERE), env=run_env(),
+        proc = subprocess.run(argv, cwd=os.path.dirname(common.HERE), env=grain_table.keras3_jax_env(),
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                               check=False)
     except subprocess.TimeoutExpired:

@@ -116,13 +116,7 @@ class _Pipeline(common.Variant):
         self._iterator = self._build()
 
     def warmup(self):
-        for _ in range(self._epoch + 5):
-            next(self._iterator)
-        start = time.perf_counter()
-        for _ in range(self._epoch):
-            next(self._iterator)
-        rate = self._epoch / max(time.perf_counter() - start, 1e-9)
-        self._window = common.window_size(rate, self._window_s, 10, 100_000)
+        self._window = common.warm_window(self._iterator, self._epoch, self._window_s, 10)
 
     def measure(self):
         start = time.perf_counter()

@@ -102,15 +102,10 @@ class _Pipeline(common.Variant):
         self._iterator = iter(self._build())
 
     def warmup(self):
-        for _ in range(self._epoch + 5):
-            next(self._iterator)
         # A window of about PIPELINE_WINDOW_S: a cached pipeline serves
         # thousands of batches a second.
-        start = time.perf_counter()
-        for _ in range(self._epoch):
-            next(self._iterator)
-        rate = self._epoch / max(time.perf_counter() - start, 1e-9)
-        self._window = common.window_size(rate, PIPELINE_WINDOW_S, self._window, 100_000)
+        self._window = common.warm_window(self._iterator, self._epoch, PIPELINE_WINDOW_S,
+                                          self._window)
 
     def measure(self):
         start = time.perf_counter()
