@@ -13,7 +13,7 @@ from estimator_keras import input_order, order_state, pipeline_choice, records
 from estimator_keras.engines import registry
 from estimator_keras.errors import ConfigError, SchemaError
 from estimator_keras.schema import FeatureSpec
-from support import generated_examples
+from support import child_env, cli, generated_examples
 
 pytest.importorskip("grain")
 from estimator_keras import grain_inputs  # noqa: E402  pylint: disable=wrong-import-position
@@ -229,6 +229,26 @@ def test_the_choice_follows_the_registry_and_what_is_installed(monkeypatch):
         pipeline_choice.choose("tfdata", jax)
     with pytest.raises(ConfigError, match="must be one of tfdata, grain, auto"):
         pipeline_choice.choose("torch", jax)
+
+
+def test_train_refuses_grain_where_it_does_not_feed_the_backend(ids_data, tmp_path):
+    """`--hparams pipeline=grain` on the keras3 engine's TensorFlow backend:
+    one paragraph naming the setting and what it feeds, exit 2, nothing
+    written; an unknown pipeline is refused as the hparam it is."""
+    pytest.importorskip("tensorflow")
+    env = child_env(KERAS_BACKEND="tensorflow", TF_USE_LEGACY_KERAS="0")
+    rc, _, err = cli("train", "fashion_mnist_mlp", "--engine", "keras3", "--dataset", ids_data,
+                     "--model-dir", tmp_path / "run", "--hparams", "pipeline=grain",
+                     timeout=240, env=env)
+    assert rc == 2, err[-2000:]
+    assert "data.pipeline=grain: the grain pipeline does not feed the keras3 engine on " \
+           "tensorflow" in err, err[-2000:]
+    assert not (tmp_path / "run" / "input_order.json").exists()
+    rc, _, err = cli("train", "fashion_mnist_mlp", "--engine", "keras3", "--dataset", ids_data,
+                     "--model-dir", tmp_path / "run", "--hparams", "pipeline=torch",
+                     timeout=240, env=env)
+    assert rc == 2 and "pipeline must be one of tfdata, grain, auto; given 'torch'" in err, \
+        err[-2000:]
 
 
 def test_a_model_dir_s_order_names_its_pipeline(tmp_path):
