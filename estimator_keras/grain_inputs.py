@@ -245,8 +245,8 @@ def make_dataset(data, batch_size, *, training, split=None, config=None, num_epo
         raise UsageError(f"batch_size must be a positive integer; given {batch_size!r}.")
     if config.skip_corrupt:
         raise UsageError("skip_corrupt is a setting of the tf.data pipeline; the Grain pipeline "
-                         "reads records by index and stops at a corrupt one (verify names "
-                         "it). Choose data.pipeline: tfdata to skip corrupt records.")
+                         "reads records by index and stops at a corrupt one, naming it "
+                         "(estimator_keras.verify checks every record of a dataset).")
     resolved = (data if isinstance(data, records.RecordFiles) else
                 records.resolve(data, split or ("train" if training else "test")))
     mapping = feature_map(resolved.schema, config.features, config.label)

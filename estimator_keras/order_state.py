@@ -133,8 +133,11 @@ class Settings:
         values reads as one without."""
         shuffled = self.shuffle != "none"
         if self.pipeline == "grain":
-            return dataclasses.replace(self, shuffle_buffer=None, cache_shuffle=None, cache=False,
-                                       cycle_length=None, block_length=None)
+            # One global shuffle whatever tf.data's shuffle mode says, or none.
+            return dataclasses.replace(
+                self, shuffle="none" if self.shuffle == "none" else "global",
+                shuffle_buffer=None, cache_shuffle=None, cache=False, cycle_length=None,
+                block_length=None)
         return dataclasses.replace(
             self, shuffle_buffer=self.shuffle_buffer if shuffled else None,
             cache_shuffle=self.cache_shuffle if shuffled and self.cache else None)
@@ -365,10 +368,13 @@ def _covering(segments, step):
     return before[-1:]
 
 
-def stored_cache(model_dir, step):
-    """The cache decision stored for the checkpoint of ``step``, or None."""
+def stored_cache(model_dir, step, pipeline="tfdata"):
+    """The cache decision stored for the checkpoint of ``step``, or None
+    (also where another input ``pipeline`` made it: Grain never caches)."""
     found = _covering(load(model_dir), step) if step else []
-    return found[0].settings.cache if found else None
+    if not found or found[0].settings.pipeline != pipeline:
+        return None
+    return found[0].settings.cache
 
 
 def decide(model_dir, step, settings, restart=False, approximate=False, schedule=None):

@@ -382,7 +382,9 @@ class ShardedRecords:
         if self.compression:
             reason += (f", in its decompressed copy {self._sources[f]} (delete the copy to "
                        f"decompress the shard again)")
-        raise frames.corrupt_record(self.files[f], r, begin, reason, self.compression)
+        # Records are read by index: the ones before were not all checked.
+        raise frames.corrupt_record(self.files[f], r, begin, reason, self.compression,
+                                    in_order=False)
 
     def close(self):
         """Closes the files this process opened; reads reopen them."""
@@ -400,4 +402,7 @@ class ShardedRecords:
                 handle[0].close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except (AttributeError, TypeError):  # at interpreter exit, modules are torn down
+            pass

@@ -207,14 +207,19 @@ LENGTH_DAMAGED = "the CRC of its length does not match (the length bytes are dam
 DATA_DAMAGED = "the CRC of its data does not match (the data bytes are damaged)"
 
 
-def corrupt_record(path, index, offset, reason, compression=None):
+def corrupt_record(path, index, offset, reason, compression=None, in_order=True):
     """The CorruptRecordError for record ``index`` of ``path`` at byte
-    ``offset`` (of the decompressed stream when ``compression`` is given)."""
+    ``offset`` (of the decompressed stream when ``compression`` is given);
+    ``in_order``: the file was read from its start, so the records before
+    this one were checked."""
     where = f"byte {offset}" + (f" of the {compression}-decompressed stream"
                                 if compression else "")
+    others = ("The records before it are intact" if in_order else
+              "Other records of the file may be damaged too (python -m experiments inspect "
+              "--verify checks them all)")
     return CorruptRecordError(
-        f"{path}: record {index} (at {where}) is corrupt: {reason}. The records "
-        f"before it are intact; rewrite the file from its source.",
+        f"{path}: record {index} (at {where}) is corrupt: {reason}. {others}; rewrite the "
+        f"file from its source.",
         path=path, offset=offset, record=index, reason=str(reason))
 
 

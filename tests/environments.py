@@ -266,6 +266,9 @@ ENVIRONMENTS = {
                         "py313 and the keras env run it"
                for pattern in (
                    "tests/test_grain_inputs.py::test_the_batches_are_tf_data_s_*",
+                   # (the backend Grain does not feed is TensorFlow's)
+                   "tests/test_grain_inputs.py::"
+                   "test_train_refuses_grain_where_it_does_not_feed_the_backend",
                    "tests/test_record_index.py::test_tensorflows_own_files_read_the_same_by_index*",
                    "tests/test_without_tensorflow.py::test_pillow_finds_the_pngs_tensorflow_refuses*",
                    "tests/test_without_tensorflow.py::"

@@ -249,6 +249,14 @@ def test_train_refuses_grain_where_it_does_not_feed_the_backend(ids_data, tmp_pa
                      timeout=240, env=env)
     assert rc == 2 and "pipeline must be one of tfdata, grain, auto; given 'torch'" in err, \
         err[-2000:]
+    # Grain does not skip damaged records: refused before anything is written.
+    env = child_env(KERAS_BACKEND="jax", TF_USE_LEGACY_KERAS="0")
+    rc, _, err = cli("train", "fashion_mnist_mlp", "--engine", "keras3", "--dataset", ids_data,
+                     "--model-dir", tmp_path / "run", "--hparams", "pipeline=grain",
+                     "--skip-corrupt", timeout=240, env=env)
+    assert rc == 2 and "--skip-corrupt drops the records tf.data cannot read" in err, \
+        err[-2000:]
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 def test_a_model_dir_s_order_names_its_pipeline(tmp_path):
@@ -271,6 +279,43 @@ def test_a_model_dir_s_order_names_its_pipeline(tmp_path):
     assert "continues at epoch 1, batch 7 of 13" in decision.message
     with pytest.raises(order_state.OrderChangedError, match=r"data\.pipeline.*'grain'.*'tfdata'"):
         order_state.decide(model_dir, 20, settings("tfdata"))
+
+
+def test_grain_s_own_settings_decide_a_rerun(tmp_path):
+    """Under Grain, tf.data's shuffle mode names no order ("batch" and
+    "record" are one global shuffle; "none" is not), and a cache decision
+    stored by Grain (which never caches) is not tf.data's to keep."""
+    directory = _ids_dataset(tmp_path / "data")
+    resolved = records.resolve(directory, "train")
+
+    def settings(pipeline, shuffle="batch", cache=False):
+        return order_state.Settings(
+            seed=7, batch_size=BATCH, global_batch_size=BATCH, batches_per_step=1,
+            asynchronous=False, pipelines=order_state.pipelines(resolved, 1, BATCH),
+            cache=cache, shuffle=shuffle, shuffle_buffer=64, cache_shuffle="batches",
+            cycle_length=4, block_length=16, dataset=order_state.fingerprint(resolved),
+            pipeline=pipeline)
+
+    model_dir = str(tmp_path / "model")
+    order_state.decide(model_dir, 0, settings("grain")).store(model_dir)
+    assert "continues" in order_state.decide(model_dir, 20, settings("grain", "record")).message
+    with pytest.raises(order_state.OrderChangedError, match="data.shuffle"):
+        order_state.decide(model_dir, 20, settings("grain", "none"))
+    assert order_state.stored_cache(model_dir, 20, "grain") is False
+    assert order_state.stored_cache(model_dir, 20, "tfdata") is None
+
+
+def test_a_damaged_record_read_by_index_is_named_without_vouching_for_the_rest(tmp_path):
+    from estimator_keras.errors import CorruptRecordError  # pylint: disable=import-outside-toplevel
+    from support import flip_byte_in_record  # pylint: disable=import-outside-toplevel
+    directory = _ids_dataset(tmp_path, shards=1)
+    path = records.resolve(directory, "train").files[0]
+    flip_byte_in_record(path, 100)
+    batches = iter(grain_inputs.make_dataset(directory, IDS, training=False, split="train",
+                                             features={"id": "id"}))
+    with pytest.raises(CorruptRecordError, match=r"record 100 .*may be damaged too") as e:
+        next(batches)
+    assert e.value.path == path and e.value.record == 100
 
 
 def test_settings_stored_before_the_pipeline_field_read_as_tf_data_s():

@@ -177,7 +177,7 @@ def training_order(config, dataset_path, info, group, replicas, *, model_dir, st
     # A run with nothing left to train reads no order: evaluate and export
     # need none, and an unreadable file must not stand in their way.
     finished = train.max_steps is not None and start_step >= train.max_steps
-    stored = order_state.stored_cache(model_dir, start_step) \
+    stored = order_state.stored_cache(model_dir, start_step, pipeline) \
         if data.cache == "auto" and not finished and pipeline != "grain" else None
     if stored is not None:
         now = reason.split(": ", 1)[-1]
@@ -363,6 +363,15 @@ class RunContext:
                                    training_group.description,
                                    f"{backend}, {describe_devices(platform, devices)}",
                                    pipeline))
+        if skip_corrupt and pipeline == "grain":
+            # Refused before the data is touched or anything is written.
+            instead = ("train with --hparams pipeline=tfdata to skip them, or "
+                       if pipeline_choice.tensorflow_installed() else "")
+            raise ConfigError(
+                f"--skip-corrupt drops the records tf.data cannot read, and this run reads "
+                f"through the Grain pipeline, which reads records by index and stops at a "
+                f"damaged one, naming it: {instead}rewrite the damaged shards (python -m "
+                f"experiments inspect --verify names them).")
         dataset_path = ensure_data(config, data_dir, source_dir,
                                    is_chief=info.is_chief, num_workers=prepare_workers)
         check_numeric_inputs(config, dataset_path)
