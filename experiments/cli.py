@@ -241,7 +241,8 @@ def main(argv=None):
             f"install -e '.[cpu]' (TensorFlow 2.15 + tf.estimator on Python <= 3.11, "
             f"TensorFlow 2.21 + Keras 3 on 3.12+; '.[gpu]' with CUDA), or pip install -e "
             f"'.[keras-cpu]' plus pip install --no-deps 'tf-keras~=2.21.0' (TensorFlow 2.21, "
-            f"keras engine)."), args.verbose)
+            f"keras engine). Without TensorFlow, the keras3 engine trains on JAX: pip install "
+            f"-e '.[jax]' (Python 3.11+) and KERAS_BACKEND=jax."), args.verbose)
         return 1
     except Exception as e:  # pylint: disable=broad-except
         _fail(e, args.verbose, internal=True)
