@@ -141,7 +141,9 @@ def _assert_bit_identical(stopped, whole, what):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
-@pytest.mark.parametrize("engine,backend", CASES)
+# On Grain: after SIGTERM without TensorFlow, in the jax env
+# (tests/test_train_without_tensorflow.py), beside the keras env's long runs.
+@pytest.mark.parametrize("engine,backend", [c for c in CASES if c not in GRAIN_CASES])
 def test_a_stopped_run_ends_with_the_weights_of_one_never_stopped(
         fashion_data, never_stopped, tmp_path, engine, backend, sig):
     """SIGTERM saves the step it lands on; SIGKILL loses the steps since the
