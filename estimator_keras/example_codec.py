@@ -150,8 +150,9 @@ def decode_features(data):
     return decoded
 
 
-_KINDS = {"bytes": "bytes_list", "png": "bytes_list", "jpeg": "bytes_list",
-          "raw": "bytes_list", "int64": "int64_list", "float": "float_list"}
+# Where each schema encoding's values sit in a tf.train.Feature.
+KINDS = {"bytes": "bytes_list", "png": "bytes_list", "jpeg": "bytes_list",
+         "raw": "bytes_list", "int64": "int64_list", "float": "float_list"}
 
 
 def decode_example(schema, data):
@@ -169,9 +170,9 @@ def decode_example(schema, data):
             raise SchemaError(f"a record lacks feature {name!r}; it has "
                               f"{sorted(features)}.")
         kind = features[name].WhichOneof("kind")
-        if kind != _KINDS[spec.encoding]:
+        if kind != KINDS[spec.encoding]:
             raise SchemaError(f"feature {name!r}: its {spec.encoding} encoding is stored "
-                              f"as {_KINDS[spec.encoding]}, the record has {kind}.")
+                              f"as {KINDS[spec.encoding]}, the record has {kind}.")
         values = getattr(features[name], kind).value
         if spec.encoding in ("bytes", "png", "jpeg"):
             decoded[name] = bytes(values[0]) if len(values) == 1 else None

@@ -96,11 +96,6 @@ def _decode_image(data, spec):
     return array
 
 
-# Where each encoding's values sit in a tf.train.Feature.
-_KINDS = {"bytes": "bytes_list", "png": "bytes_list", "jpeg": "bytes_list",
-          "raw": "bytes_list", "int64": "int64_list", "float": "float_list"}
-
-
 class BatchDecoder:
     """Records' bytes -> one batch as the tf.data pipeline serves it.
 
@@ -138,7 +133,7 @@ class BatchDecoder:
             for name, spec in self.wanted.items():
                 if name not in feature:
                     example_codec.decode_example(self.wanted, data)
-                columns[name].append(getattr(feature[name], _KINDS[spec.encoding]).value)
+                columns[name].append(getattr(feature[name], example_codec.KINDS[spec.encoding]).value)
         arrays = {name: self._array(spec, self._sizes[name], columns[name], batch)
                   for name, spec in self.wanted.items()}
         features = {}
@@ -252,7 +247,7 @@ def make_dataset(data, batch_size, *, training, split=None, config=None, num_epo
     mapping = feature_map(resolved.schema, config.features, config.label)
     num_shards, index = input_order.pipeline_of(input_context, shard)
     files, by_record = input_order.pipeline_files(resolved.files, num_shards, index)
-    counts = _manifest_counts(resolved, files)
+    counts = input_order.file_counts(resolved, files)
     source = ShardedRecords(files, resolved.compression, counts=counts)
     share = _share(source, source.counts, num_shards, index, by_record)
     if training and not len(share):
@@ -297,18 +292,6 @@ def _absl_defaults():
     from absl import flags  # pylint: disable=import-outside-toplevel  (Grain's dependency)
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
-
-
-def _manifest_counts(resolved, files):
-    """Records per file of ``files`` from the manifest, or None."""
-    if resolved.manifest is None:
-        return None
-    by_name = {}
-    for split in resolved.manifest.splits.values():
-        for shard in split.shards:
-            by_name[os.path.basename(shard.file)] = shard.num_examples
-    counts = [by_name.get(os.path.basename(str(path))) for path in files]
-    return None if None in counts else counts
 
 
 def make_input_fn(data, batch_size, *, training, split=None, config=None, num_epochs=None,

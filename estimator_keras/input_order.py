@@ -157,22 +157,27 @@ def pipeline_files(files, num_shards, index):
     return list(files), True
 
 
+def file_counts(resolved, files):
+    """The manifest's record count of each of ``files``, or None where the
+    manifest does not count one of them."""
+    if resolved.manifest is None:
+        return None
+    by_name = {}
+    for split in resolved.manifest.splits.values():
+        for shard in split.shards:
+            by_name[io.basename(shard.file)] = shard.num_examples
+    counts = [by_name.get(io.basename(path)) for path in files]
+    return None if None in counts else counts
+
+
 def pipeline_examples(resolved, files, num_shards=1, index=0, by_record=False):
     """Records pipeline ``index`` reads in one epoch, from the manifest's
     shard counts; None where a file's count is unknown."""
-    if resolved.manifest is None:
+    counts = file_counts(resolved, files)
+    if counts is None:
         return None
-    counts = {}
-    for split in resolved.manifest.splits.values():
-        for shard in split.shards:
-            counts[io.basename(shard.file)] = shard.num_examples
-    total = 0
-    for path in files:
-        count = counts.get(io.basename(path))
-        if count is None:
-            return None
-        total += len(range(index, count, num_shards)) if by_record else count
-    return total
+    return sum(len(range(index, count, num_shards)) if by_record else count
+               for count in counts)
 
 
 def batches_per_epoch(examples, batch_size):
